@@ -1,0 +1,231 @@
+"""Unit tests for genlab.stable_gfn with independent oracles: brute-force enumeration of the state graph
+and of all trajectories, Monte Carlo sampling, and closed forms."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from genlab.core import ParameterError, resolve
+from genlab.stable_gfn import (PRESETS, certificates, delta_moments, implied_log_reward, log_floor, make_bitseq,
+                               make_hypergrid, oracle_table, path_extremes, perturbed_oracle, random_table,
+                               sample_trajectories, sensitivity_point, stable_residual, tb_residual,
+                               terminal_log_probs, train_gfn, underweighted_stop_oracle, violations)
+
+
+def all_trajectories(env, logpf):
+    "Brute force: every (log P_F(τ), Σ log P_B, terminal) by depth-first enumeration."
+    out = []
+
+    def rec(s, lpf, lpb):
+        for a in range(env.n_actions):
+            if not env.mask[s, a]:
+                continue
+            if a == env.stop:
+                out.append((lpf + float(logpf[s, a]), lpb, int(env.child[s, a])))
+            else:
+                rec(int(env.child[s, a]), lpf + float(logpf[s, a]), lpb + float(env.log_pb[s, a]))
+    rec(0, 0.0, 0.0)
+    return out
+
+
+def test_hypergrid_transitions_and_masks_brute_force():
+    for D, H in ((1, 3), (2, 3), (2, 4), (3, 2)):
+        env = make_hypergrid(D, H)
+        coords = list(itertools.product(range(H), repeat=D))
+        index = {c: i for i, c in enumerate(coords)}
+        assert env.n_states == H ** D and env.n_actions == D + 1
+        for c, i in index.items():
+            for d in range(D):
+                nxt = list(c); nxt[d] += 1
+                if nxt[d] < H:
+                    j = index[tuple(nxt)]
+                    assert env.mask[i, d] and env.child[i, d] == j
+                    n_par = sum(v > 0 for v in nxt)
+                    assert math.isclose(float(env.log_pb[i, d]), -math.log(n_par))
+                else:
+                    assert not env.mask[i, d] and env.child[i, d] == -1
+            assert env.mask[i, D] and env.child[i, D] == i
+        # P_B sums to one over parents of every non-initial state
+        pb_in = torch.zeros(env.n_states, dtype=torch.float64)
+        for i in range(env.n_states):
+            for d in range(D):
+                if env.mask[i, d]:
+                    pb_in[env.child[i, d]] += float(env.log_pb[i, d].exp())
+        assert torch.allclose(pb_in[1:], torch.ones(env.n_states - 1, dtype=torch.float64))
+
+
+def test_hypergrid_reward_symmetric_and_matches_formula():
+    env = make_hypergrid(2, 8, R0=1e-3)
+    for i, (x0, x1) in enumerate(itertools.product(range(8), repeat=2)):
+        ax = [abs(v / 7 - 0.5) for v in (x0, x1)]
+        r = 1e-3 + 0.5 * all(a > 0.25 for a in ax) + 2.0 * all(0.3 < a < 0.4 for a in ax)
+        assert math.isclose(float(env.log_r[i].exp()), r, rel_tol=1e-12)
+    assert env.regions.shape[0] == 4 and (env.regions.sum(1) == 1).all()
+    env16 = make_hypergrid(2, 16)
+    R = env16.log_r.exp().reshape(16, 16)
+    assert torch.equal(R, R.flip(0)) and torch.equal(R, R.T)
+
+
+def test_bitseq_transitions_brute_force():
+    env = make_bitseq(6, 2, 3, T_r=0.5)
+    L, W = 3, 4
+    prefixes = [p for l in range(L + 1) for p in itertools.product(range(W), repeat=l)]
+    index = {p: i for i, p in enumerate(prefixes)}
+    assert env.n_states == len(prefixes) and env.n_terminals == 64
+    for p, i in index.items():
+        for w in range(W):
+            if len(p) < L:
+                assert env.mask[i, w] and env.child[i, w] == index[p + (w,)]
+            else:
+                assert not env.mask[i, w]
+        full = len(p) == L
+        assert bool(env.mask[i, -1]) == full
+        if full:
+            x = sum(v * W ** (L - 1 - k) for k, v in enumerate(p))
+            assert env.child[i, -1] == x
+            bits = [(x >> (5 - j)) & 1 for j in range(6)]
+            assert env.enc[i].reshape(6, 3).argmax(1).tolist() == bits
+    assert (env.log_pb == 0).all()
+
+
+@pytest.mark.parametrize("make", [lambda: make_hypergrid(2, 4, R0=1e-2), lambda: make_bitseq(4, 2, 2)])
+def test_dp_matches_brute_force_enumeration(make):
+    env = make()
+    g = torch.Generator().manual_seed(0)
+    tab = random_table(env, g, 2.0)
+    log_z = 0.3
+    trajs = all_trajectories(env, tab)
+    pt_bf = torch.zeros(env.n_terminals, dtype=torch.float64)
+    hi = torch.full((env.n_terminals,), -math.inf, dtype=torch.float64); lo = -hi.clone()
+    e1 = e2 = 0.0
+    for lpf, lpb, x in trajs:
+        pt_bf[x] += math.exp(lpf)
+        hi[x] = max(hi[x], lpf - lpb); lo[x] = min(lo[x], lpf - lpb)
+        d = log_z + lpf - lpb - float(env.log_r[x])
+        e1 += math.exp(lpf) * d; e2 += math.exp(lpf) * d * d
+    pt = terminal_log_probs(env, tab).exp()
+    assert abs(float(pt.sum()) - 1) < 1e-12
+    assert torch.allclose(pt, pt_bf, atol=1e-12)
+    h, l = path_extremes(env, tab)
+    assert torch.allclose(h, hi, atol=1e-10) and torch.allclose(l, lo, atol=1e-10)   # U6
+    m1, m2 = delta_moments(env, tab, log_z)
+    assert math.isclose(m1, e1, rel_tol=1e-9, abs_tol=1e-12) and math.isclose(m2, e2, rel_tol=1e-9)
+
+
+def test_dp_terminal_law_matches_monte_carlo():
+    env = make_hypergrid(2, 6, R0=1e-3)
+    tab = random_table(env, torch.Generator().manual_seed(1))
+    pt = terminal_log_probs(env, tab).exp()
+    assert abs(float(pt.sum()) - 1) < 1e-6
+    n = 100_000
+    traj = sample_trajectories(env, tab, n, torch.Generator().manual_seed(2))
+    emp = torch.bincount(traj.x, minlength=env.n_terminals).double() / n
+    assert 0.5 * float((emp - pt).abs().sum()) < 0.02            # U1 (sampling noise ≈ 0.008)
+    # the callable (per-step policy) path samples the same law
+    traj2 = sample_trajectories(env, lambda s: tab[s], 20_000, torch.Generator().manual_seed(3))
+    emp2 = torch.bincount(traj2.x, minlength=env.n_terminals).double() / 20_000
+    assert 0.5 * float((emp2 - pt).abs().sum()) < 0.05
+    # trajectory log-probabilities agree with the recorded actions
+    a = implied_log_reward(env, tab[traj2.states[traj2.valid], traj2.actions[traj2.valid]], traj2,
+                           torch.tensor(0.0, dtype=torch.float64))
+    hi, lo = path_extremes(env, tab)
+    assert (a <= hi[traj2.x] + 1e-9).all() and (a >= lo[traj2.x] - 1e-9).all()
+
+
+@pytest.mark.parametrize("make", [lambda: make_hypergrid(2, 6, R0=1e-3), lambda: make_bitseq(8, 2, 4)])
+def test_balanced_oracle(make):
+    env = make()
+    orc = oracle_table(env)
+    c = certificates(env, orc, env.log_z_star)
+    assert c["max_abs_delta"] < 1e-5 and c["tv"] < 1e-6                   # U2
+    hi, _ = path_extremes(env, orc)
+    a = env.log_z_star + hi
+    for kappa in (0.0, 0.1, 10.0):
+        lphi = log_floor(kappa, env.log_z_star, env.n_terminals)
+        assert float(stable_residual(a, env.log_r, lphi).pow(2).max()) < 1e-10
+
+
+def test_stable_residual_properties():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5000, generator=g, dtype=torch.float64) * 6
+    log_r = torch.randn(5000, generator=g, dtype=torch.float64) * 6
+    d = tb_residual(a, log_r)
+    assert torch.equal(stable_residual(a, log_r, float("-inf")), d)          # κ = 0 ⇒ δ
+    for lphi in (-8.0, -2.0, 0.0, 3.0):
+        dk = stable_residual(a, log_r, lphi)
+        assert (dk.abs() <= d.abs() + 1e-12).all()
+        assert (dk * d >= 0).all()                                          # same sign, zero iff δ = 0
+        assert (dk.abs() <= torch.log1p(torch.maximum(a.exp(), log_r.exp()) / math.exp(lphi)) + 1e-12).all()
+        assert float(stable_residual(log_r, log_r, lphi).abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("make", [lambda: make_hypergrid(2, 6, R0=1e-3), lambda: make_bitseq(8, 2, 4)])
+def test_certificates_never_below_exact_tv(make):
+    env = make()
+    g = torch.Generator().manual_seed(5)
+    n = 0
+    for i in range(60):
+        if i % 2 == 0:
+            scale = 0.2 + 3 * float(torch.rand((), generator=g))
+            tab, lz = random_table(env, g, scale), env.log_z_star + float(torch.randn((), generator=g))
+        else:
+            tab, lz = perturbed_oracle(env, 10 ** (-4 + 4 * float(torch.rand((), generator=g))), g)
+        c = certificates(env, tab, lz)
+        assert violations(c) == 0, c                                        # U5
+        assert c["T1"] <= 1 and c["T2"] <= 1 and c["C"] <= c["T1"]
+        n += 1
+    # certificates vanish as the perturbation vanishes
+    prev = None
+    for sig in (1e-1, 1e-2, 1e-3, 1e-4):
+        tab, lz = perturbed_oracle(env, sig, torch.Generator().manual_seed(9))
+        c = certificates(env, tab, lz)
+        assert c["T1"] < 30 * sig and c["C"] < 30 * sig
+        if prev is not None:
+            assert c["T1"] < prev
+        prev = c["T1"]
+
+
+def test_certifiability_demo_u5b():
+    env = make_hypergrid(2, 6, R0=1e-3)
+    c = certificates(env, underweighted_stop_oracle(env), env.log_z_star)
+    assert c["tv"] <= 0.005 and c["T1"] >= 0.99 and c["T3"][0.1] <= 0.1
+
+
+def test_sensitivity_small_tv_huge_loss():
+    env = make_bitseq(16, 4, 8, 1.0, mode_seed=0)
+    d = -env.log_r
+    out = [sensitivity_point(-d / T, 0.01) for T in (2, 1, 0.5, 0.25, 0.1)]
+    tvs, losses = [o[0] for o in out], [o[1] for o in out]
+    assert max(tvs) <= 0.01
+    assert all(b > a for a, b in zip(losses, losses[1:])) and losses[-1] > 1000 * losses[0]   # U4
+
+
+def test_bad_input_raises_before_training():
+    for bad in (dict(H=0), dict(D=0), dict(H=1), dict(R0=0.0), dict(R0=-1.0), dict(batch=0), dict(methods=("nope",))):
+        with pytest.raises(ParameterError):
+            resolve(PRESETS, "smoke", **bad)
+    with pytest.raises(ParameterError):
+        make_hypergrid(0, 4)
+    with pytest.raises(ParameterError):
+        make_hypergrid(2, 0)
+    with pytest.raises(ParameterError):
+        make_hypergrid(2, 4, R0=0.0)
+    env = make_hypergrid(2, 4)
+    with pytest.raises(ParameterError):
+        sample_trajectories(env, random_table(env, torch.Generator()), 0, torch.Generator())
+    with pytest.raises(ParameterError):
+        env.with_log_reward(torch.full((16,), -math.inf, dtype=torch.float64))
+    with pytest.raises(ParameterError):
+        train_gfn(env, "tb", PRESETS["smoke"], 0, train_log_r=torch.full((16,), float("nan"), dtype=torch.float64))
+
+
+def test_training_reduces_tv_and_certificates_hold():
+    env = make_hypergrid(2, 4, R0=0.1)
+    cfg = resolve(PRESETS, "smoke")
+    import dataclasses
+    cfg = dataclasses.replace(cfg, eval_every=50)
+    for m in ("tb", "stable"):
+        r = train_gfn(env, m, cfg, 0, steps=200, progress=False)
+        assert r["violations"] == 0
+        assert r["final"]["tv"] < 0.5 * r["evals"][0]["tv"] or r["final"]["tv"] < 0.05
