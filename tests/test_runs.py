@@ -1,0 +1,172 @@
+"""The runner and sweep machinery on a tiny fixture notebook: runs, records, sweeps (local pool,
+resume after a kill, failure isolation, Dask), the report and the command line's bad-input errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from genlab.runs import (RunError, execute_point, load_records, load_sweep, make_point, notebook_parameters,
+                         read_records, report, run_points, sweep_points, validate_parameters)
+
+FIX = Path(__file__).parent / "fixtures" / "fixture.ipynb"
+GENLAB = [sys.executable, "-c", "import sys; from genlab.runs import main; sys.exit(main())"]
+
+
+def cli(*args, cwd=None, timeout=300):
+    return subprocess.run([*GENLAB, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+def write_sweep(tmp_path, grid, parameters=None, name="fx"):
+    lines = [f"notebook: {FIX}", f"name: {name}", "grid:"] + [f"  {k}: {json.dumps(v)}" for k, v in grid.items()]
+    if parameters:
+        lines += ["parameters:"] + [f"  {k}: {json.dumps(v)}" for k, v in parameters.items()]
+    p = tmp_path / f"{name}.yaml"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_parameters_cell_is_parsed():
+    assert notebook_parameters(FIX) == {"x": 1, "fail": False, "sleep": 0.0, "label": "a"}
+
+
+def test_one_point_records_metrics_claims_and_provenance(tmp_path):
+    recs = run_points([make_point(FIX, {"x": 3})], tmp_path, progress=False)
+    r = recs[0]
+    assert r["status"] == "ok" and r["error"] is None
+    assert r["metrics"] == {"double": 6, "label": "a"}
+    assert {c["name"]: c["ok"] for c in r["claims"]} == {"x is positive": True, "x is big": True}
+    assert r["parameters"] == {"x": 3} and r["duration_s"] > 0 and "commit" in r
+    on_disk = json.loads((tmp_path / r["id"] / "record.json").read_text())
+    assert on_disk["metrics"] == r["metrics"]
+    assert read_records(tmp_path / r["output"])["metrics"]["double"] == 6
+
+
+def test_failing_point_is_recorded_and_others_run(tmp_path):
+    sw = load_sweep(write_sweep(tmp_path, {"x": [1, 2, 3]}, name="fail"))
+    points = sweep_points(sw)
+    points[1] = make_point(FIX, {"x": 2, "fail": True}, sweep="fail")
+    recs = run_points(points, tmp_path / "out", workers=2, progress=False)
+    status = {r["parameters"]["x"]: r["status"] for r in recs}
+    assert status == {1: "ok", 2: "failed", 3: "ok"}
+    bad = next(r for r in recs if r["status"] == "failed")
+    assert "fails on purpose" in bad["error"]
+    assert len(load_records(tmp_path / "out")) == 3
+
+
+def test_four_point_grid_on_two_workers_and_skip_on_rerun(tmp_path):
+    sw = load_sweep(write_sweep(tmp_path, {"x": [1, 2], "label": ["a", "b"]}))
+    points = sweep_points(sw)
+    assert len(points) == 4 and len({p["id"] for p in points}) == 4
+    recs = run_points(points, tmp_path / "out", workers=2, progress=False)
+    assert sorted(r["metrics"]["double"] for r in recs) == [2, 2, 4, 4]
+    assert all(r["threads"] == 1 for r in recs)
+    started = {r["id"]: r["started"] for r in recs}
+    again = run_points(sweep_points(sw), tmp_path / "out", workers=2, progress=False)
+    assert {r["id"]: r["started"] for r in again} == started       # nothing re-ran
+    lines = (tmp_path / "out" / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+
+
+def test_killed_sweep_resumes_without_losing_or_duplicating(tmp_path):
+    path = write_sweep(tmp_path, {"x": [1, 2, 3, 4]}, parameters={"sleep": 1.5}, name="kill")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*GENLAB, "sweep", str(path), "--out", str(out), "--no-report"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    jl = out / "records.jsonl"
+    while time.time() < deadline and not (jl.is_file() and len(jl.read_text().splitlines()) >= 1):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = {r["id"]: r["started"] for r in load_records(out)}
+    assert 1 <= len(first) < 4
+    res = cli("sweep", str(path), "--out", str(out), "--no-report")
+    assert res.returncode == 0, res.stderr
+    recs = load_records(out)
+    lines = jl.read_text().splitlines()
+    assert len(recs) == 4 and len(lines) == 4                       # none lost, none duplicated
+    assert all(recs_by["started"] == first[i] for i, recs_by in ((r["id"], r) for r in recs) if i in first)
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-") and (p / "record.json").exists()
+                and json.loads((p / "record.json").read_text())["id"] not in first]
+
+
+def test_same_grid_through_dask_local_cluster(tmp_path):
+    from distributed import LocalCluster
+    sw = load_sweep(write_sweep(tmp_path, {"x": [1, 2], "label": ["a", "b"]}))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        recs = run_points(sweep_points(sw), tmp_path / "dask", scheduler=cluster.scheduler_address, progress=False)
+    assert sorted(r["metrics"]["double"] for r in recs) == [2, 2, 4, 4]
+    assert all(r["status"] == "ok" for r in recs)
+    assert len(load_records(tmp_path / "dask")) == 4
+
+
+def test_report_has_claims_table(tmp_path):
+    run_points([make_point(FIX, {"x": 1}), make_point(FIX, {"x": 5})], tmp_path, progress=False)
+    md = report(tmp_path).read_text()
+    assert "| fixture |" in md and "x is big" in md and "**false**" in md and "true" in md
+    assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
+
+
+# ---- bad input: clear errors before any notebook starts --------------------------------------
+
+@pytest.mark.parametrize("args,words", [
+    (["run", "no_such_method"], ["unknown notebook 'no_such_method'", "flow_matching"]),
+    (["run", "missing/path.ipynb"], ["notebook file not found"]),
+    (["run", str(FIX), "-p", "y", "1"], ["unknown parameter", "'y'", "allowed: x, fail, sleep, label"]),
+    (["run", str(FIX), "-p", "x", "abc"], ["'x' must be int", "abc"]),
+    (["run", "flow_matching", "--preset", "huge"], ["unknown preset 'huge'", "smoke, full"]),
+    (["run", "flow_matching", "-p", "toy_steps", "1.5"], ["toy_steps", "int"]),
+    (["run", "flow_matching", "-p", "toy_steps", "0"], ["toy_steps must be in [1, inf]"]),
+    (["sweep", "nope.yaml"], ["sweep file not found"]),
+    (["reproduce", "--only", "nothing"], ["unknown method(s)"]),
+])
+def test_cli_bad_input(args, words, tmp_path):
+    res = cli(*args, "--out", str(tmp_path / "o")) if args[0] in ("run",) else cli(*args, cwd=tmp_path)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    for w in words:
+        assert w in res.stderr, res.stderr
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+@pytest.mark.parametrize("content,words", [
+    ("", ["is empty"]),
+    ("notebook: [unclosed", ["not valid YAML"]),
+    ("notebook: core\n", ["'grid' must be a non-empty mapping"]),
+    ("grid: {x: [1]}\n", ["lacks 'notebook'"]),
+    ("notebook: core\ngrid: {seed: 3}\n", ["must be a non-empty list"]),
+    ("notebook: core\ngrid: {seed: [1]}\nextra: 1\n", ["unknown key"]),
+    ("notebook: core\ngrid: {sed: [1]}\n", ["unknown parameter", "'sed'"]),
+])
+def test_bad_sweep_files(content, words, tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(content)
+    res = cli("sweep", str(p), "--out", str(tmp_path / "o"))
+    assert res.returncode == 2
+    for w in words:
+        assert w in res.stderr, res.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_unreachable_scheduler_is_named(tmp_path):
+    p = write_sweep(tmp_path, {"x": [1]})
+    res = cli("sweep", str(p), "--scheduler", "tcp://127.0.0.1:9", "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in res.stderr
+    assert not (tmp_path / "o").exists()
+    res = cli("sweep", str(p), "--scheduler", "127.0.0.1", "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "tcp://HOST:PORT" in res.stderr
+
+
+def test_cli_run_and_report(tmp_path):
+    res = cli("run", str(FIX), "-p", "x", "4", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert '"status": "ok"' in res.stdout
+    res = cli("report", str(tmp_path))
+    assert res.returncode == 0 and (tmp_path / "report.md").is_file()
+    res = cli("run", str(FIX), "-p", "fail", "true", "--out", str(tmp_path / "f"))
+    assert res.returncode == 1 and "fails on purpose" in res.stdout

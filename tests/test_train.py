@@ -1,0 +1,58 @@
+import math
+
+import pytest
+import torch
+
+from genlab.core import ParameterError
+from genlab.train import NonFiniteLossError, fit
+
+
+def test_fit_reaches_least_squares_solution():
+    g = torch.Generator().manual_seed(0)
+    A, b = torch.randn(50, 3, generator=g), torch.randn(50, generator=g)
+    w = torch.zeros(3, requires_grad=True)
+    h = fit(lambda s: {"mse": ((A @ w - b) ** 2).mean()}, [w], steps=1500, lr=0.05, progress=False)
+    ref = torch.linalg.lstsq(A, b[:, None]).solution[:, 0]
+    assert torch.allclose(w.detach(), ref, atol=1e-3)
+    assert h.steps == 1500 and len(h.losses["mse"]) == 1500 and h.losses["loss"] == h.losses["mse"]
+
+
+def test_only_grad_terms_are_optimised_and_all_are_logged():
+    w = torch.ones(1, requires_grad=True)
+    h = fit(lambda s: {"a": (w ** 2).sum(), "monitor": 7.0, "detached": w.detach().sum()},
+            [w], steps=5, lr=0.1, optimizer="sgd", progress=False)
+    assert h.losses["monitor"] == [7.0] * 5
+    # d/dw w^2 = 2w; SGD: w <- w (1 - 0.2) each step
+    assert math.isclose(float(w.detach()), 0.8 ** 5, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_fit_names_step_and_term_on_nonfinite_loss(bad):
+    w = torch.ones(1, requires_grad=True)
+    with pytest.raises(NonFiniteLossError, match=r"step 3: loss term 'kl' is (nan|inf)"):
+        fit(lambda s: {"rec": w.sum() ** 2, "kl": w.sum() * (bad if s == 3 else 1.0)}, [w], steps=10, progress=False)
+
+
+def test_callbacks_stop_and_every():
+    w = torch.ones(1, requires_grad=True)
+    seen = []
+    h = fit(lambda s: {"l": w.sum() ** 2}, [w], steps=100, progress=False,
+            callbacks=[lambda step, hist: step == 9], every=[(4, lambda step, hist: seen.append(step))])
+    assert h.steps == 10 and h.stopped_early and seen == [3, 7]
+
+
+def test_bad_arguments():
+    w = torch.ones(1, requires_grad=True)
+    with pytest.raises(ParameterError, match="optimizer"):
+        fit(lambda s: {"l": w.sum()}, [w], steps=1, optimizer="lbfgsx", progress=False)
+    with pytest.raises(ParameterError, match="no term that requires grad"):
+        fit(lambda s: {"l": 1.0}, [w], steps=1, progress=False)
+    with pytest.raises(ParameterError, match="steps"):
+        fit(lambda s: {"l": w.sum()}, [w], steps=-1, progress=False)
+
+
+def test_cosine_schedule_ends_near_zero():
+    w = torch.ones(1, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1.0)
+    fit(lambda s: {"l": w.sum()}, [w], steps=10, optimizer=opt, schedule="cosine", progress=False)
+    assert opt.param_groups[0]["lr"] < 0.05
