@@ -1,0 +1,103 @@
+"""Performance figures for the shared core (printed, never asserted in tests).
+
+1. `fit` against a bare torch loop on the same model, batch and pre-drawn data.
+2. papermill: kernel start to first cell, and 4 independent runs on 1 vs 2 local workers.
+3. SmolLM2-135M: load from the cache, greedy tokens/s with and without a capture hook.
+"""
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_fit(steps=2000, repeats=3):
+    from genlab.flow_matching import VelocityMLP
+    from genlab.train import fit
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(steps, 256, 2, generator=g)
+    x1 = torch.randn(steps, 256, 2, generator=g) + 3
+    t = torch.rand(steps, 256, generator=g)
+
+    def loss(m, i):
+        xt = (1 - t[i, :, None]) * x0[i] + t[i, :, None] * x1[i]
+        return (m(t[i], xt) - (x1[i] - x0[i])).pow(2).sum(1).mean()
+
+    bare, ours = [], []
+    for _ in range(repeats):
+        torch.manual_seed(0); m = VelocityMLP(2, 64, 3); opt = torch.optim.Adam(m.parameters(), 1e-3)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            opt.zero_grad(set_to_none=True); l = loss(m, i); l.backward(); opt.step()
+        bare.append(time.perf_counter() - t0)
+        torch.manual_seed(0); m = VelocityMLP(2, 64, 3)
+        t0 = time.perf_counter()
+        fit(lambda i: {"cfm": loss(m, i)}, m.parameters(), steps=steps, lr=1e-3, progress=True)
+        ours.append(time.perf_counter() - t0)
+    b, o = min(bare), min(ours)
+    print(f"fit vs bare loop ({steps} steps, MLP 3x64, batch 256, best of {repeats}): "
+          f"bare {steps / b:.0f} steps/s, fit {steps / o:.0f} steps/s, overhead {100 * (o / b - 1):+.1f}%")
+
+
+def bench_papermill():
+    from genlab.runs import execute_point, make_point, run_points
+    import json
+    nb = {"cells": [{"cell_type": "code", "id": "p", "metadata": {"tags": ["parameters"]}, "outputs": [],
+                     "execution_count": None, "source": "x = 1"},
+                    {"cell_type": "code", "id": "c", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": "import time; t_first_cell = time.time()"}],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "empty.ipynb"; p.write_text(json.dumps(nb))
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter(); execute_point(make_point(p, {})); times.append(time.perf_counter() - t0)
+        print(f"papermill run of a trivial notebook (kernel start to end): median {statistics.median(times):.2f} s")
+        pts = [make_point(ROOT / "nbs" / "03_metrics.ipynb", {"seed": s}) for s in range(4)]
+        res = {}
+        for w in (1, 2):
+            t0 = time.perf_counter()
+            run_points([dict(q) for q in pts], Path(d) / f"w{w}", workers=w, progress=False)
+            res[w] = time.perf_counter() - t0
+        print(f"4 runs of nbs/03_metrics.ipynb: 1 worker {res[1]:.1f} s, 2 workers {res[2]:.1f} s, speed-up {res[1] / res[2]:.2f}x")
+
+
+def bench_smollm2(new_tokens=32):
+    code = ("import time, transformers.models.llama.modeling_llama; from genlab.lm import load_smollm2; "
+            "t=time.perf_counter(); h=load_smollm2(); print(time.perf_counter()-t)")
+    subprocess.run([sys.executable, "-c", code], capture_output=True)  # make sure the cache exists
+    load = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip().split()[-1])
+    from genlab.lm import load_smollm2
+    h = load_smollm2()
+    prompt = h.chat_prompt("Write a short sentence about the sea.")
+
+    def rate(hook):
+        t0 = time.perf_counter()
+        if hook:
+            with h.capture([10, 20]):
+                out = h.generate(prompt, max_new_tokens=new_tokens, stop_at_eos=False)
+        else:
+            out = h.generate(prompt, max_new_tokens=new_tokens, stop_at_eos=False)
+        return (out.shape[1] - len(prompt)) / (time.perf_counter() - t0)
+
+    rate(False)
+    plain = max(rate(False) for _ in range(3))
+    hooked = max(rate(True) for _ in range(3))
+    print(f"SmolLM2-135M: load from cache {load:.2f} s (new process, after imports); greedy "
+          f"{plain:.1f} tok/s without hooks, {hooked:.1f} tok/s with a capture hook on 2 layers "
+          f"({100 * (hooked / plain - 1):+.1f}%), threads={torch.get_num_threads()}")
+
+
+if __name__ == "__main__":
+    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, torch {torch.__version__}, {os.cpu_count()} cores")
+    which = sys.argv[1:] or ["fit", "papermill", "smollm2"]
+    for w in which:
+        {"fit": bench_fit, "papermill": bench_papermill, "smollm2": bench_smollm2}[w]()
