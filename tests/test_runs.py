@@ -170,3 +170,12 @@ def test_cli_run_and_report(tmp_path):
     assert res.returncode == 0 and (tmp_path / "report.md").is_file()
     res = cli("run", str(FIX), "-p", "fail", "true", "--out", str(tmp_path / "f"))
     assert res.returncode == 1 and "fails on purpose" in res.stdout
+
+
+def test_by_notebook_layout_and_report_over_subfolders(tmp_path):
+    recs = run_points([make_point(FIX, {"x": 2})], tmp_path, by_notebook=True, progress=False)
+    assert (tmp_path / "fixture" / recs[0]["id"] / "record.json").is_file()
+    assert len(load_records(tmp_path / "fixture")) == 1
+    again = run_points([make_point(FIX, {"x": 2})], tmp_path, by_notebook=True, progress=False)
+    assert again[0]["started"] == recs[0]["started"]
+    assert "| fixture |" in report(tmp_path).read_text()
