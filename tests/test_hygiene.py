@@ -83,3 +83,14 @@ def test_nbdev_test_passes():
     res = subprocess.run(["nbdev_test", "--n_workers", "2"], cwd=ROOT, capture_output=True, text=True,
                          timeout=1800, env=env)
     assert res.returncode == 0 and "Success" in res.stdout + res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+def test_docs_site_builds_offline(tmp_path):
+    "The documentation site builds from the notebooks with one command (mkdocs + mkdocs-jupyter)."
+    import sys
+    proj = _copy_project(tmp_path)
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    res = subprocess.run(["bash", "tools/build_docs.sh"], cwd=proj, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, MKDOCS=str(mkdocs)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (proj / "site" / "index.html").is_file() and (proj / "site" / "10_flow_matching" / "index.html").is_file()

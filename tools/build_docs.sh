@@ -10,5 +10,5 @@ find reports -name '*.ipynb' 2>/dev/null | while read -r nb; do
   cp "$nb" "_docs/src/reports/$(basename "$(dirname "$(dirname "$nb")")")__$(basename "$nb")"
 done
 [ -f reports/report.md ] && cp reports/report.md _docs/src/reports/index.md || true
-.venv/bin/mkdocs build -q -f mkdocs.yml
+NO_MKDOCS_2_WARNING=1 ${MKDOCS:-.venv/bin/mkdocs} build -q -f mkdocs.yml
 echo "site built in site/ (open site/index.html)"
