@@ -49,3 +49,17 @@ def test_movielens_missing_and_malformed_files(tmp_path):
     (tmp_path / "ml-100k.inter").write_text("user_id:token\titem_id:token\n1\t2\n")
     with pytest.raises(ValueError, match="malformed.*rating"):
         load_movielens100k(tmp_path)
+
+
+def test_pca_codec_round_trip_and_whitening():
+    from sklearn.decomposition import PCA
+    from genlab.data import PCACodec
+    X = torch.randn(200, 6, generator=torch.Generator().manual_seed(0)) @ torch.randn(6, 6, generator=torch.Generator().manual_seed(1))
+    full = PCACodec(X, 6)
+    assert torch.allclose(full.decode(full.encode(X)), X, atol=1e-4)          # all components: exact
+    Z = PCACodec(X, 3).encode(X)
+    assert torch.allclose(Z.std(0, unbiased=True), torch.ones(3), atol=1e-4)  # whitened codes
+    ref = PCA(3).fit(X.double().numpy())
+    assert abs(PCACodec(X, 3).explained_variance - ref.explained_variance_ratio_.sum()) < 1e-9
+    with pytest.raises(ParameterError, match="k must be"):
+        PCACodec(X, 0)
