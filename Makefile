@@ -4,6 +4,7 @@ VENV := .venv/bin
 export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export MPLBACKEND := Agg
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
 .PHONY: install reproduce reproduce-full test test-fast docs lab bench export clean-nbs
 
