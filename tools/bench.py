@@ -61,13 +61,13 @@ def bench_papermill():
         for _ in range(3):
             t0 = time.perf_counter(); execute_point(make_point(p, {})); times.append(time.perf_counter() - t0)
         print(f"papermill run of a trivial notebook (kernel start to end): median {statistics.median(times):.2f} s")
-        pts = [make_point(ROOT / "nbs" / "03_metrics.ipynb", {"seed": s}) for s in range(4)]
+        pts = [make_point(ROOT / "nbs" / "10_flow_matching.ipynb", {"seed": s}) for s in range(4)]
         res = {}
         for w in (1, 2):
             t0 = time.perf_counter()
             run_points([dict(q) for q in pts], Path(d) / f"w{w}", workers=w, progress=False)
             res[w] = time.perf_counter() - t0
-        print(f"4 runs of nbs/03_metrics.ipynb: 1 worker {res[1]:.1f} s, 2 workers {res[2]:.1f} s, speed-up {res[1] / res[2]:.2f}x")
+        print(f"4 smoke runs of nbs/10_flow_matching.ipynb (seeds 0-3): 1 worker {res[1]:.1f} s, 2 workers {res[2]:.1f} s, speed-up {res[1] / res[2]:.2f}x")
 
 
 def bench_smollm2(new_tokens=32):
