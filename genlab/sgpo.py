@@ -572,19 +572,6 @@ def policy_loss(lp_new: torch.Tensor,  # (n, L) log π_θ(y_{i,t}) with grad
             "var_ratio_max": float(var_ratio.max()), "var_ratio_noscale_max": float(var_raw.max())}
 
 # %% ../nbs/21_sgpo.ipynb #c4ad2fae
-class _ClipAdam(torch.optim.Adam):
-    "Adam that clips the global gradient norm at `max_norm` and keeps the pre-clip norms."
-
-    def __init__(self, params, lr, max_norm: float = 1.0):
-        super().__init__(params, lr=lr)
-        self.max_norm, self.norms = max_norm, []
-
-    def step(self, closure=None):
-        ps = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
-        self.norms.append(float(torch.nn.utils.clip_grad_norm_(ps, self.max_norm)))
-        return super().step(closure)
-
-
 def collapse_events(rewards, beta: float = 0.9, drop: float = 0.3, patience: int = 20) -> int:
     "Spec §6.2 collapse events: EMA(β) of batch reward > `drop` below its running max for ≥ `patience` steps."
     ema, run_max, below, events, counted = None, -math.inf, 0, 0, False
@@ -614,7 +601,6 @@ def train_rl(policy_init: SIDPolicy, trie: SIDTrie, method: str, contexts: torch
     policy = copy.deepcopy(policy_init)
     behaviour = copy.deepcopy(policy_init).requires_grad_(False)
     snaps = deque([copy.deepcopy(policy.state_dict())], maxlen=stale + 1)
-    opt = _ClipAdam(policy.parameters(), lr)
     per_rollout = n_mini * epochs
     buf, logs = {}, {k: [] for k in ("reward", "clip_frac", "var_ratio", "var_ratio_noscale", "entropy_l1",
                                       "informative", "grad_norm")}
@@ -657,13 +643,13 @@ def train_rl(policy_init: SIDPolicy, trie: SIDTrie, method: str, contexts: torch
         return False
 
     t0 = time.perf_counter()
-    hist = fit(loss_fn, policy, steps=steps * per_rollout, lr=lr, optimizer=lambda ps, lr_: opt,
-               callbacks=[snapshot], progress=progress, desc=method)
+    hist = fit(loss_fn, policy, steps=steps * per_rollout, lr=lr, optimizer="adam", grad_clip=1.0,
+               track_grad_norm=True, callbacks=[snapshot], progress=progress, desc=method)
     flush()
     secs = time.perf_counter() - t0
-    logs["grad_norm"] = opt.norms
+    logs["grad_norm"] = hist.losses["grad_norm"]
     logs = {k: np.asarray(v) for k, v in logs.items()}
-    return dict(policy=policy, logs=logs, seconds=secs, updates_per_s=len(opt.norms) / secs,
+    return dict(policy=policy, logs=logs, seconds=secs, updates_per_s=hist.steps / secs,
                 rollouts_per_s=steps / secs, collapses=collapse_events(logs["reward"]), history=hist)
 
 # %% ../nbs/21_sgpo.ipynb #410fc705

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .core import ParameterError, check_choice, check_range, resolve, set_seed
-from .train import NonFiniteLossError, fit
+from .train import History, NonFiniteLossError, fit
 from .lm import CharTokenizer
 
 VARIANTS = ("residual", "hc", "mhc", "shc")
@@ -487,31 +487,28 @@ def train_char_lm(variant: str, cfg: SHCConfig, vocab_size: int, train_ids: torc
                      d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.seq_len, sk_iters=cfg.sk_iters,
                      sigma_bias=cfg.sigma_bias)
     gen = torch.Generator().manual_seed(cfg.seed + 1)  # the same batches for every variant
-    params = [p for p in model.parameters()]
-    grad_norms, val_curve = [], []
+    val_curve = []
 
     def loss_fn(step):
         x = sample_windows(train_ids, cfg.batch_size, cfg.seq_len + 1, gen)
         logits = model(x[:, :-1])
         return {"nll": F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())}
 
-    def log_grad(step, hist):
-        g = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None))
-        grad_norms.append(float(g))
-
     def evaluate(step, hist):
         val_curve.append((step + 1, bits_per_char(model, val_batches)))
 
     model.train()
     finite, err, t0 = True, None, time.perf_counter()
+    hist = History()  # filled step by step, so a diverged run keeps its gradient norms up to the failure
     try:
-        hist = fit(loss_fn, param_groups(model, cfg.weight_decay), steps=cfg.steps, lr=cfg.lr, optimizer="adamw",
-                   schedule="cosine", warmup=min(cfg.warmup, cfg.steps // 4), callbacks=[log_grad],
-                   every=[(cfg.eval_every, evaluate)], progress=progress, desc=variant)
+        fit(loss_fn, param_groups(model, cfg.weight_decay), steps=cfg.steps, lr=cfg.lr, optimizer="adamw",
+            schedule="cosine", warmup=min(cfg.warmup, cfg.steps // 4), track_grad_norm=True,
+            every=[(cfg.eval_every, evaluate)], progress=progress, desc=variant, history=hist)
         losses = hist.losses["nll"]
     except NonFiniteLossError as e:  # recorded as a finding (a diverged variant), never hidden
         finite, err, losses = False, str(e), []
     seconds = time.perf_counter() - t0
+    grad_norms = hist.losses.get("grad_norm", [])
     finite = finite and all(math.isfinite(g) for g in grad_norms)
     out = {"variant": variant, "model": model, "train_nll": losses, "grad_norms": grad_norms,
            "val_curve": val_curve, "finite": finite, "error": err, "seconds": seconds,

@@ -83,6 +83,7 @@ def fit(loss_fn: Callable[[int], Mapping[str, torch.Tensor | float]],  # step ->
         optimizer="adam",  # name, Optimizer instance, or factory f(params, lr)
         weight_decay: float = 0.0,
         grad_clip: float | None = None,  # clip the global gradient norm
+        track_grad_norm: bool = False,  # log the global gradient norm before clipping as `grad_norm`
         schedule: str | None = None,  # None/'constant' or 'cosine'
         warmup: int = 0,  # linear warm-up steps
         callbacks: Iterable[Callable] = (),  # cb(step, history) -> True to stop
@@ -96,7 +97,7 @@ def fit(loss_fn: Callable[[int], Mapping[str, torch.Tensor | float]],  # step ->
     check_range("lr", lr, 0)
     opt = make_optimizer(optimizer, params, lr, weight_decay)
     base_lrs = [g["lr"] for g in opt.param_groups]
-    clip_params = [p for g in opt.param_groups for p in g["params"]] if grad_clip else None
+    all_params = [p for g in opt.param_groups for p in g["params"]]
     callbacks, every = list(callbacks), list(every)
     hist = history or History()
     bar = None
@@ -129,7 +130,11 @@ def fit(loss_fn: Callable[[int], Mapping[str, torch.Tensor | float]],  # step ->
             opt.zero_grad(set_to_none=True)
             total.backward()
             if grad_clip:
-                torch.nn.utils.clip_grad_norm_(clip_params, grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(all_params, grad_clip)
+            elif track_grad_norm:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in all_params if p.grad is not None])
+            if track_grad_norm:
+                logged["grad_norm"] = float(norm)
             opt.step()
             hist.append(logged)
             if bar is not None:

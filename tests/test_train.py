@@ -56,3 +56,16 @@ def test_cosine_schedule_ends_near_zero():
     opt = torch.optim.SGD([w], lr=1.0)
     fit(lambda s: {"l": w.sum()}, [w], steps=10, optimizer=opt, schedule="cosine", progress=False)
     assert opt.param_groups[0]["lr"] < 0.05
+
+
+def test_grad_norm_is_logged_before_clipping():
+    w = torch.tensor([3.0, 4.0], requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1.0)
+    h = fit(lambda s: {"l": (w * torch.tensor([3.0, 4.0])).sum()}, [w], steps=1, optimizer=opt, grad_clip=1.0,
+            track_grad_norm=True, progress=False)
+    assert abs(h.losses["grad_norm"][0] - 5.0) < 1e-6
+    assert torch.allclose(w.detach(), torch.tensor([3.0 - 0.6, 4.0 - 0.8]), atol=1e-5)   # the step used the clipped gradient
+    w2 = torch.tensor([1.0, 2.0, 2.0], requires_grad=True)
+    h = fit(lambda s: {"l": (w2 ** 2).sum() / 2}, [w2], steps=1, lr=0.0, optimizer="sgd", track_grad_norm=True, progress=False)
+    assert abs(h.losses["grad_norm"][0] - 3.0) < 1e-6
+    assert "grad_norm" not in fit(lambda s: {"l": w2.sum()}, [w2], steps=1, progress=False).losses
