@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from genlab.core import ParameterError, resolve
-from genlab.stable_gfn import (PRESETS, certificates, delta_moments, implied_log_reward, log_floor, make_bitseq,
-                               make_hypergrid, oracle_table, path_extremes, perturbed_oracle, random_table,
-                               sample_trajectories, sensitivity_point, stable_residual, tb_residual,
-                               terminal_log_probs, train_gfn, underweighted_stop_oracle, violations)
+from genlab.stable_gfn import (METHODS, PRESETS, GFNTrainer, KappaSchedule, certificates, count_spikes, delta_moments,
+                               fidelity_regressions, implied_log_reward, log_floor, make_bitseq, make_hypergrid,
+                               method_spec, oracle_table, parent_table, path_extremes, perturbed_oracle, random_table,
+                               sample_reference, sample_trajectories, sensitivity_point, stable_residual, still_falling,
+                               tb_residual, terminal_log_probs, train_gfn, underweighted_stop_oracle, violations)
 
 
 def all_trajectories(env, logpf):
@@ -173,7 +174,7 @@ def test_certificates_never_below_exact_tv(make):
             tab, lz = perturbed_oracle(env, 10 ** (-4 + 4 * float(torch.rand((), generator=g))), g)
         c = certificates(env, tab, lz)
         assert violations(c) == 0, c                                        # U5
-        assert c["T1"] <= 1 and c["T2"] <= 1 and c["C"] <= c["T1"]
+        assert c["T1"] <= 1 and c["T2"] <= 1 and c["C"] <= min(c["T1"], c["T2"])
         n += 1
     # certificates vanish as the perturbation vanishes
     prev = None
@@ -202,7 +203,8 @@ def test_sensitivity_small_tv_huge_loss():
 
 
 def test_bad_input_raises_before_training():
-    for bad in (dict(H=0), dict(D=0), dict(H=1), dict(R0=0.0), dict(R0=-1.0), dict(batch=0), dict(methods=("nope",))):
+    for bad in (dict(H=0), dict(D=0), dict(H=1), dict(R0=0.0), dict(R0=-1.0), dict(batch=0), dict(methods=("nope",)),
+                dict(kappa_rule="double"), dict(alpha0=1.5), dict(n_seeds=0)):
         with pytest.raises(ParameterError):
             resolve(PRESETS, "smoke", **bad)
     with pytest.raises(ParameterError):
@@ -218,6 +220,12 @@ def test_bad_input_raises_before_training():
         env.with_log_reward(torch.full((16,), -math.inf, dtype=torch.float64))
     with pytest.raises(ParameterError):
         train_gfn(env, "tb", PRESETS["smoke"], 0, train_log_r=torch.full((16,), float("nan"), dtype=torch.float64))
+    with pytest.raises(ParameterError):
+        sample_reference(env, 0, torch.Generator())
+    with pytest.raises(ParameterError):
+        train_gfn(env, "no_such_method", PRESETS["smoke"], 0)
+    with pytest.raises(ParameterError):
+        KappaSchedule("double")
 
 
 def test_training_reduces_tv_and_certificates_hold():
@@ -229,3 +237,139 @@ def test_training_reduces_tv_and_certificates_hold():
         r = train_gfn(env, m, cfg, 0, steps=200, progress=False)
         assert r["violations"] == 0
         assert r["final"]["tv"] < 0.5 * r["evals"][0]["tv"] or r["final"]["tv"] < 0.05
+
+
+def test_balanced_oracle_mass_ratios_are_one():
+    env = make_hypergrid(2, 8, R0=1e-3)
+    c = certificates(env, oracle_table(env), env.log_z_star)
+    assert len(c["mass_ratio"]) == 4 and max(abs(r - 1) for r in c["mass_ratio"]) < 1e-9 and c["modes"] == 4
+
+
+def backward_paths(env, par, s, path=()):
+    "Brute force: every backward path from state s to s0 with its P_B probability."
+    if s == 0:
+        return [(path, 1.0)]
+    out = []
+    for a in range(env.n_actions - 1):
+        p = int(par[s, a])
+        if p >= 0:
+            for rest, q in backward_paths(env, par, p, ((p, a),) + path):
+                out.append((rest, q * math.exp(float(env.log_pb[p, a]))))
+    return out
+
+
+def test_reference_sampling_matches_uniform_times_backward_policy():
+    # U7 with an oracle: the law of sampled trajectories equals U(x) P_B(τ|x) enumerated by brute force
+    env = make_hypergrid(2, 3, R0=0.1)
+    par = parent_table(env)
+    for s in range(env.n_states):
+        for a in range(env.n_actions - 1):
+            if par[s, a] >= 0:
+                assert env.child[par[s, a], a] == s
+    exact = {}
+    for x in range(env.n_terminals):
+        for path, q in backward_paths(env, par, x):
+            exact[(path, x)] = q / env.n_terminals
+    assert abs(sum(exact.values()) - 1) < 1e-12
+    n = 60_000
+    tr = sample_reference(env, n, torch.Generator().manual_seed(0), par)
+    counts = {}
+    for i in range(n):
+        k = int(tr.valid[i].sum())
+        st, ac = tr.states[i, :k].tolist(), tr.actions[i, :k].tolist()
+        assert ac[-1] == env.stop and st[-1] == int(tr.x[i]) and st[0] == 0
+        key = (tuple(zip(st[:-1], ac[:-1])), int(tr.x[i]))
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - q) for k, q in exact.items())
+    assert tv < 0.03, tv          # 35 trajectories, expected noise ≈ 0.01
+    # implied log-reward of reference trajectories is finite and bounded by the DP extremes
+    tab = random_table(env, torch.Generator().manual_seed(1))
+    a = implied_log_reward(env, tab[tr.states[tr.valid], tr.actions[tr.valid]], tr, torch.tensor(0.0, dtype=torch.float64))
+    hi, lo = path_extremes(env, tab)
+    assert (a <= hi[tr.x] + 1e-9).all() and (a >= lo[tr.x] - 1e-9).all()
+
+
+def test_reference_sampling_on_bitseq_tree_is_uniform():
+    env = make_bitseq(6, 2, 3)
+    tr = sample_reference(env, 30_000, torch.Generator().manual_seed(2))
+    from scipy.stats import chisquare
+    assert chisquare(torch.bincount(tr.x, minlength=env.n_terminals).numpy()).pvalue > 1e-3
+    assert (tr.valid.sum(1) == 4).all()       # 3 appends + exit in a tree
+
+
+def test_kappa_schedules():
+    a = KappaSchedule("anneal", kappa0=1.0, decay=0.99, kappa_min=0.05)
+    for t in range(1, 400):
+        a.update(1e9 if t % 7 == 0 else 1.0, 1.0)
+        assert math.isclose(a.kappa, max(0.05, 0.99 ** t), rel_tol=1e-12)
+    f = KappaSchedule("fixed", kappa0=0.3)
+    for _ in range(50):
+        f.update(1e9, 1e9)
+    assert f.kappa == 0.3
+    for rule, spiky in (("spike_tb", 0), ("spike_opt", 1)):
+        s = KappaSchedule(rule, kappa0=1.0, kappa_max=10.0)
+        for _ in range(20):
+            s.update(1.0, 1.0)
+        sig = [1.0, 1.0]; sig[spiky] = 100.0
+        assert s.update(*sig)
+        assert math.isclose(s.kappa, min(10.0, 2 * 0.998 ** 20), rel_tol=1e-12)
+        other = KappaSchedule(rule, kappa0=1.0)
+        for _ in range(20):
+            other.update(1.0, 1.0)
+        sig = [1.0, 1.0]; sig[1 - spiky] = 100.0
+        assert not other.update(*sig)                  # the other signal does not move this rule
+    r = KappaSchedule("spike_tb", kappa0=1.0, kappa_max=10.0)
+    for i in range(300):
+        r.update(1.0 if i < 20 else (1e3 if i % 5 == 0 else 1.0), 1.0)
+    assert r.kappa == 10.0 or r.kappa > 1.0          # a spiky signal ratchets κ up
+
+
+def test_spike_and_convergence_helpers():
+    assert count_spikes([1.0] * 9 + [100.0]) == 0                 # < 10 steps of history
+    assert count_spikes([1.0] * 10 + [100.0]) == 1
+    assert count_spikes([1.0] * 10 + [10.0]) == 0                 # strictly above 10x
+    ev = lambda tvs: [{"tv": v, "step": 100 * i} for i, v in enumerate(tvs)]
+    assert still_falling(ev([0.9, 0.5, 0.4, 0.3, 0.2, 0.1]))
+    assert not still_falling(ev([0.9, 0.5, 0.1, 0.1, 0.1, 0.1]))
+    assert not still_falling(ev([0.9, 0.5, 0.4]))                 # too few evaluations
+    assert fidelity_regressions(ev([0.5, 0.2, 0.3, 0.24, 0.1])) == 1
+
+
+def test_methods_resolve():
+    cfg = PRESETS["full"]
+    assert method_spec("stable", cfg)["rule"] == "anneal" and not method_spec("stable", cfg)["ref"]
+    assert method_spec("stable_ref", cfg)["ref"] and method_spec("stable_k0", cfg)["kappa"] == 0.0
+    assert method_spec("spike_tb", cfg)["rule"] == "spike_tb" and method_spec("stable_k0.1", cfg)["kappa"] == 0.1
+    assert set(cfg.methods) <= set(METHODS) and len(cfg.methods) == 14
+    import dataclasses
+    c2 = dataclasses.replace(cfg, kappa_rule="spike_opt", ref_sampling=True)
+    assert method_spec("stable", c2)["rule"] == "spike_opt" and method_spec("stable", c2)["ref"]
+
+
+@pytest.mark.parametrize("make", [lambda: make_hypergrid(2, 4, R0=1e-2), lambda: make_bitseq(8, 2, 4)])
+def test_stable_k0_equals_tb_bitwise(make):
+    # U8: the Stable code path with κ ≡ 0 gives identical losses, gradient norms and final policies
+    env = make()
+    import dataclasses
+    cfg = dataclasses.replace(PRESETS["smoke"], eval_every=20, batch=16)
+    ra = GFNTrainer(env, "tb", cfg, 3, steps=60, progress=False).run(60)
+    rb = GFNTrainer(env, "stable_k0", cfg, 3, steps=60, progress=False).run(60)
+    A, B = ra.result(), rb.result()
+    assert A["loss"] == B["loss"] and A["gnorm"] == B["gnorm"] and A["final"]["tv"] == B["final"]["tv"]
+    for p, q in zip(ra.net.parameters(), rb.net.parameters()):
+        assert torch.equal(p, q)
+    # and a positive floor does change training
+    rc = GFNTrainer(env, "stable_k1", cfg, 3, steps=60, progress=False).run(60).result()
+    assert rc["loss"] != A["loss"]
+
+
+def test_trainer_extension_continues_the_same_run():
+    env = make_hypergrid(2, 4, R0=0.1)
+    import dataclasses
+    cfg = dataclasses.replace(PRESETS["smoke"], eval_every=25, batch=16)
+    one = GFNTrainer(env, "stable_ref", cfg, 1, steps=50, progress=False).run(75).result()
+    two = GFNTrainer(env, "stable_ref", cfg, 1, steps=50, progress=False).run(50).run(25).result()
+    assert one["loss"] == two["loss"] and one["kappa"] == two["kappa"] and one["steps"] == two["steps"] == 75
+    assert [c["step"] for c in two["evals"]] == [0, 25, 50, 75]
+    assert one["ref_trajectories"] == two["ref_trajectories"] > 0
