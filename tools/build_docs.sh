@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# Build the documentation site offline with mkdocs + mkdocs-jupyter (Quarto is not available here).
+# Build the documentation site offline into site/ with mkdocs + mkdocs-material + mkdocs-jupyter (Quarto is not
+# available here). The pages are assembled by tools/mkdocs_hooks.py: README as the index, the executed
+# full-preset notebooks under reports/<slug>/ as the method pages (the unexecuted notebook where no report
+# exists), the claims report with its figures, and MathJax 3 served from the site itself.
+# mkdocs: $MKDOCS if set, else an mkdocs already on PATH, else .venv/bin/mkdocs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf _docs/src && mkdir -p _docs/src/reports
-cp README.md _docs/src/index.md
-cp nbs/*.ipynb _docs/src/
-# executed full-preset notebooks, when present, so readers see real figures
-if [ -d reports ]; then
-  find reports -name '*.ipynb' | while read -r nb; do
-    cp "$nb" "_docs/src/reports/$(basename "$(dirname "$(dirname "$nb")")")__$(basename "$nb")"
-  done
+if [ -n "${MKDOCS:-}" ]; then
+  mk="$MKDOCS"
+elif command -v mkdocs >/dev/null 2>&1; then
+  mk="$(command -v mkdocs)"
+elif [ -x .venv/bin/mkdocs ]; then
+  mk=.venv/bin/mkdocs
+else
+  echo "build_docs.sh: no mkdocs found (set MKDOCS, put mkdocs on PATH, or run tools/install.sh)" >&2
+  exit 2
 fi
-[ -f reports/report.md ] && cp reports/report.md _docs/src/reports/index.md || true
-NO_MKDOCS_2_WARNING=1 ${MKDOCS:-.venv/bin/mkdocs} build -q -f mkdocs.yml
-echo "site built in site/ (open site/index.html)"
+mkdir -p _docs/src          # mkdocs checks docs_dir before the hooks rebuild its contents
+start=$(date +%s)
+NO_MKDOCS_2_WARNING=1 "$mk" build -q -f mkdocs.yml
+echo "site built in site/ in $(( $(date +%s) - start )) s with $mk (open site/index.html)"
