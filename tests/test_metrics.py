@@ -75,3 +75,66 @@ def test_explained_variance_and_classifier_scores():
         clf.weight.copy_(torch.tensor([[10.0, 0.0], [0.0, 10.0]])); clf.bias.zero_()
     s = classifier_scores(clf, torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.51, 0.5], [1.0, 0.0]]))
     assert s["confident_frac"] == 0.75 and s["hist"] == [0.75, 0.25] and s["hist_max_over_uniform"] == 1.5
+
+
+# ---- shared pieces moved into the core (issue 11): entropies, ranking metrics, Fréchet on PCA features ----
+import math
+
+from scipy import stats as _stats
+
+from genlab.metrics import (conditional_entropy, entropy, entropy_from_logits, frechet_distance_pca, hit_rate_at_k,
+                            mutual_information, ndcg_at_k, rank_metrics)
+
+
+def test_entropy_matches_scipy():
+    p = torch.rand(5, 7, generator=g(0), dtype=torch.float64)
+    p[0, :3] = 0
+    p = p / p.sum(1, keepdim=True)
+    assert torch.allclose(entropy(p), torch.from_numpy(_stats.entropy(p.numpy(), axis=1)), atol=1e-12)
+    assert torch.allclose(entropy(p, base=2), torch.from_numpy(_stats.entropy(p.numpy(), base=2, axis=1)), atol=1e-12)
+    logits = torch.log(p)                                # zeros become -inf: masked choices
+    assert torch.allclose(entropy_from_logits(logits), entropy(p), atol=1e-12)
+    with pytest.raises(ParameterError, match="negative"):
+        entropy(torch.tensor([0.5, -0.1, 0.6]))
+
+
+def test_conditional_entropy_and_mutual_information_brute_force():
+    j = torch.rand(4, 6, generator=g(1), dtype=torch.float64)
+    j = j / j.sum()
+    px = j.sum(1)
+    h_cond = sum(float(px[x]) * float(_stats.entropy((j[x] / px[x]).numpy())) for x in range(4))
+    assert abs(conditional_entropy(j) - h_cond) < 1e-12
+    mi = float((j * torch.log(j / (px[:, None] * j.sum(0)[None]))).sum())
+    assert abs(mutual_information(j) - mi) < 1e-12
+    indep = px[:, None] * j.sum(0)[None]
+    assert abs(mutual_information(indep)) < 1e-12
+    with pytest.raises(ParameterError, match="sum to 1"):
+        conditional_entropy(j * 2)
+
+
+def test_rank_metrics_brute_force():
+    gen = g(2)
+    top = torch.stack([torch.randperm(30, generator=gen)[:10] for _ in range(200)])
+    y = torch.randint(0, 30, (200,), generator=gen)
+    for k in (1, 5, 10):
+        hr = np.mean([int(y[i]) in top[i, :k].tolist() for i in range(200)])
+        nd = np.mean([1 / math.log2(top[i].tolist().index(int(y[i])) + 2) if int(y[i]) in top[i, :k].tolist() else 0.0
+                      for i in range(200)])
+        assert abs(hit_rate_at_k(top, y, k) - hr) < 1e-6 and abs(ndcg_at_k(top, y, k) - nd) < 1e-6
+    assert set(rank_metrics(top, y)) == {"HR@5", "NDCG@5", "HR@10", "NDCG@10"}
+    with pytest.raises(ParameterError, match="k must be"):
+        hit_rate_at_k(top, y, 11)
+
+
+def test_frechet_distance_pca():
+    x = torch.randn(3000, 10, generator=g(3), dtype=torch.float64)
+    y = torch.randn(3000, 10, generator=g(4), dtype=torch.float64) * 1.5 + 0.3
+    assert abs(frechet_distance_pca(x, y, k=10) - frechet_distance(x, y)) < 1e-6    # k = d: a rotation
+    # y varies along 2 directions only: on its 2 components the distance is that of the projected data
+    basis = torch.linalg.qr(torch.randn(10, 2, generator=g(5), dtype=torch.float64))[0]
+    y2 = torch.randn(3000, 2, generator=g(6), dtype=torch.float64) @ basis.T * 3
+    x2 = torch.randn(3000, 2, generator=g(7), dtype=torch.float64) @ basis.T * 3 + 0.1 * x
+    fd2 = frechet_distance_pca(x2, y2, k=2)
+    assert abs(fd2 - frechet_distance(x2 @ basis, y2 @ basis)) < 1e-6
+    with pytest.raises(ParameterError, match="k must be"):
+        frechet_distance_pca(x, y, k=11)
