@@ -13,8 +13,9 @@ import pytest
 from genlab.runs import (RunError, execute_point, load_records, load_sweep, make_point, notebook_parameters,
                          read_records, report, run_points, sweep_points, validate_parameters)
 
+ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).parent / "fixtures" / "fixture.ipynb"
-GENLAB = [sys.executable, "-c", "import sys; from genlab.runs import main; sys.exit(main())"]
+GENLAB = [sys.executable, "-c", "import sys; from genlab.cli import main; sys.exit(main())"]
 
 
 def cli(*args, cwd=None, timeout=300):
@@ -109,7 +110,7 @@ def test_same_grid_through_dask_local_cluster(tmp_path):
 def test_report_has_claims_table(tmp_path):
     run_points([make_point(FIX, {"x": 1}), make_point(FIX, {"x": 5})], tmp_path, progress=False)
     md = report(tmp_path).read_text()
-    assert "| fixture |" in md and "x is big" in md and "**false**" in md and "true" in md
+    assert "[fixture](#" in md and "x is big" in md and "**contradicted (1 measurement)**" in md and "| true |" in md
     assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
 
 
@@ -178,4 +179,73 @@ def test_by_notebook_layout_and_report_over_subfolders(tmp_path):
     assert len(load_records(tmp_path / "fixture")) == 1
     again = run_points([make_point(FIX, {"x": 2})], tmp_path, by_notebook=True, progress=False)
     assert again[0]["started"] == recs[0]["started"]
-    assert "| fixture |" in report(tmp_path).read_text()
+    assert "[fixture](#" in report(tmp_path).read_text()
+
+
+# ---- runs that never stall, with their figures, quietly ---------------------------------------
+
+EXPLORER = ROOT / "tests" / "fixtures" / "explorer.ipynb"
+
+
+def _images(rec_dir: Path) -> int:
+    nb = json.loads(next(rec_dir.glob("*.ipynb")).read_text())
+    return sum("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
+
+
+def test_explorer_notebook_runs_20_times_without_a_stall(tmp_path):
+    "explore() draws one static snapshot under the runner: 20 runs in a row, each finishing with its figure."
+    points = [make_point(EXPLORER, {"k": k}, timeout=60) for k in range(20)]
+    recs = run_points(points, tmp_path, workers=2, progress=False)
+    assert [r["status"] for r in recs] == ["ok"] * 20, [r["error"] for r in recs if r["status"] != "ok"]
+    assert all(r["metrics"]["explorer_calls"] == 1 and r["metrics"]["explorer_args"] == [4, "a"] for r in recs)
+    assert max(r["duration_s"] for r in recs) < 60
+
+
+def test_kernels_draw_inline_figures_whatever_the_callers_backend(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    rec = run_points([make_point(EXPLORER, {})], tmp_path, progress=False)[0]
+    assert rec["status"] == "ok" and "inline" in rec["metrics"]["backend"]
+    assert _images(tmp_path / rec["id"]) >= 1
+    assert os.environ["MPLBACKEND"] == "Agg"   # the caller's environment is restored
+
+
+def test_run_prints_no_kernel_warnings(tmp_path):
+    res = cli("run", str(EXPLORER), "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "WARNING" not in res.stderr and "without encryption" not in res.stderr + res.stdout, res.stderr[-2000:]
+
+
+def test_records_name_notebooks_by_repository_path(tmp_path):
+    p = make_point(FIX, {"x": 1})
+    assert p["source"] == "tests/fixtures/fixture.ipynb"
+    assert make_point("flow_matching")["source"] == "nbs/10_flow_matching.ipynb"
+
+
+def test_any_config_field_can_be_set_and_is_validated_before_a_kernel_starts(tmp_path):
+    p = make_point("flow_matching", {"toy_batch": 128})
+    assert p["inject"]["toy_batch"] == 128
+    res = cli("run", "flow_matching", "-p", "toy_batch", "0", "--out", str(tmp_path / "o"))
+    assert res.returncode == 2 and "toy_batch" in res.stderr
+    res = cli("params", "flow_matching")
+    assert res.returncode == 0 and "toy_batch" in res.stdout and "smoke" in res.stdout and "full" in res.stdout
+
+
+def test_config_override_reaches_the_kernel(tmp_path, monkeypatch):
+    from genlab.core import resolve
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class C:
+        a: int = 1
+        b: int = 2
+    monkeypatch.setenv("GENLAB_OVERRIDES", json.dumps({"b": 7, "other": 1}))
+    cfg = resolve({"smoke": C()}, "smoke", a=None)
+    assert cfg.b == 7 and cfg.a == 1
+
+
+def test_reproduce_points_per_seed(tmp_path):
+    from genlab.runs import reproduce_points
+    pts = reproduce_points("full", only=["flow_matching"], seeds=[0, 1, 2])
+    assert [p["seed"] for p in pts] == [0, 1, 2] and len({p["id"] for p in pts}) == 3
+    with pytest.raises(RunError, match="seeds"):
+        reproduce_points("full", only=["flow_matching"], seeds=[-1])

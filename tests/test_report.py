@@ -1,0 +1,125 @@
+"""genlab.report: the summary-first results page on a fixture folder (pooling over seed runs, a claim
+name with `|`, figures with captions, legacy records), the comparison of two folders, and the committed
+reports/ folder's records."""
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from genlab.record import Claims
+from genlab.report import collect_records, compare, method_sections, notebook_figures, report
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG = base64.b64encode(bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c4890000000d49444154789c63f8ffff3f0005fe02fea7d6"
+    "a4be0000000049454e44ae426082")).decode()
+
+
+def _claims(value, seed):
+    c = Claims()
+    c.paper("C1 q(c|x,t) beats b", [value], baseline=[0.5], stat="diff", direction=">", threshold=0.0,
+            seeds=[seed], control={"name": "shuffled", "values": [0.5]})
+    c.sanity("guard", True)
+    c.calibration("rate near target", value > 0.6, rate=value)
+    return c.items
+
+
+def _write_run(folder, rid, seed, claims, figures=0, notebook="m"):
+    d = folder / notebook / rid
+    d.mkdir(parents=True)
+    cells = [{"cell_type": "markdown", "source": "## The loss figure\nmore", "metadata": {}}]
+    for i in range(figures):
+        cells.append({"cell_type": "code", "source": "", "metadata": {}, "outputs": [
+            {"output_type": "display_data", "data": {"image/png": PNG}, "metadata": {}},
+            {"output_type": "display_data", "metadata": {}, "data": {
+                "application/vnd.genlab.record+json": {"kind": "caption", "text": f"caption {i}", "claims": ["C1"]}}}]})
+    (d / "m.ipynb").write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    rec = {"id": rid, "notebook": notebook, "preset": "full", "seed": seed, "parameters": {"seed": seed},
+           "status": "ok", "duration_s": 10.0, "commit": "abc", "error": None, "claims": claims, "metrics": {},
+           "output": f"{rid}/m.ipynb"}
+    (d / "record.json").write_text(json.dumps(rec))
+
+
+def test_summary_first_page_pools_seed_runs(tmp_path):
+    for s, v in enumerate([0.8, 0.85, 0.82]):
+        _write_run(tmp_path, f"m-{s}", s, _claims(v, s), figures=2 if s == 0 else 0)
+    md = report(tmp_path).read_text()
+    assert md.index("## Summary") < md.index("## m · full")
+    assert "| [m](#" in md and "| 1 / 0 / 0 (1) |" in md and "3 runs (seeds 0, 1, 2)" in md
+    assert "C1 q(c\\|x,t) beats b" in md                     # escaped: the row keeps its columns
+    row = next(l for l in md.splitlines() if l.startswith("| C1 q(c"))
+    assert row.count(" | ") == 6 and "unresolved, unresolved, unresolved" in row and "**supported**" in row
+    assert "(n = 3)" in row and "shuffled" in row
+    assert "### Figures (2)" in md and "*caption 1* — supports [C1]" in md
+    html = (tmp_path / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and 'class="ok"' in html and "q(c|x,t)" in html
+    assert len(list((tmp_path / "report_files").glob("*.png"))) == 2
+
+
+def test_figures_without_caption_take_the_heading(tmp_path):
+    nb = {"cells": [{"cell_type": "markdown", "source": "## Loss curves\ntext", "metadata": {}},
+                    {"cell_type": "code", "source": "", "metadata": {}, "outputs": [
+                        {"output_type": "display_data", "data": {"image/png": PNG}, "metadata": {}}] * 14}]}
+    p = tmp_path / "n.ipynb"
+    p.write_text(json.dumps(nb))
+    figs = notebook_figures(p)
+    assert len(figs) == 14 and figs[0]["caption"] == "Loss curves"   # no silent cap
+
+
+def test_legacy_records_are_marked_single_measurement(tmp_path):
+    legacy = [{"name": "old claim", "ok": True, "sanity": False, "note": "", "evidence": {"x": 1}}]
+    _write_run(tmp_path, "m-0", 0, legacy)
+    m = method_sections(collect_records(tmp_path))[0]
+    assert m["legacy"] == 1 and m["counts"]["supported"] == 1
+    assert "(1 measurement)" in report(tmp_path).read_text()
+
+
+def test_compare_lists_changed_verdicts(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for s, v in enumerate([0.8, 0.85, 0.82]):
+        _write_run(a, f"m-{s}", s, _claims(v, s))
+        _write_run(b, f"m-{s}", s, _claims(v - 0.5, s))
+    text = compare(a, b)
+    assert "| m | full | C1 q(c\\|x,t) beats b | supported" in text and "contradicted" in text
+    assert "no verdict changed" in compare(a, a)
+
+
+REPORTS = ROOT / "reports"
+# Methods whose committed reports predate per-seed evidence; each is brought to the verdict standard by
+# its re-verification issue and then leaves this set (the test fails if a migrated method is still listed).
+PENDING_REVERIFICATION = {"scfm", "heat_diffusion", "stein_transport", "stable_gfn", "sgpo", "shc", "skae",
+                          "sticas", "value_filter"}
+
+
+def _committed_sections():
+    return method_sections(collect_records(REPORTS)) if REPORTS.is_dir() else []
+
+
+def test_committed_reports_carry_per_seed_evidence_and_three_valued_verdicts():
+    sections = _committed_sections()
+    assert sections, "reports/ has no records"
+    seen = set()
+    for m in sections:
+        seen.add(m["notebook"])
+        paper = [c for c in m["claims"] if c["kind"] == "paper"]
+        if m["notebook"] in PENDING_REVERIFICATION:
+            continue
+        assert paper, f"{m['notebook']}: no paper claims"
+        for c in paper:
+            assert not c.get("legacy"), f"{m['notebook']}: {c['name']!r} has no per-seed evidence"
+            assert c["verdict"] in ("supported", "contradicted", "unresolved")
+            assert c["estimate"]["n"] >= 3, f"{m['notebook']}: {c['name']!r} decided on {c['estimate']['n']} seed(s)"
+    migrated = {m["notebook"] for m in sections if m["notebook"] in PENDING_REVERIFICATION
+                and all(not c.get("legacy") for c in m["claims"] if c["kind"] == "paper")}
+    assert not migrated, f"remove {sorted(migrated)} from PENDING_REVERIFICATION: their reports are migrated"
+
+
+def test_committed_records_carry_no_machine_paths_and_a_clean_commit():
+    for r in collect_records(REPORTS):
+        if r["notebook"] in PENDING_REVERIFICATION:
+            continue
+        text = json.dumps({k: v for k, v in r.items() if k != "_dir"})
+        assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, r["id"]
+        assert not str(r.get("source", "")).startswith("/"), r["source"]
+        assert r.get("commit") and not r["commit"].endswith("-dirty"), (r["id"], r.get("commit"))
