@@ -7,7 +7,8 @@ import torch
 from sklearn.kernel_ridge import KernelRidge
 
 from genlab.core import ParameterError, resolve, set_seed
-from genlab.stein_transport import (PRESETS, banana_exact_samples, banana_grid, banana_logpost, banana_score,
+from genlab.stein_transport import (PRESETS, banana_exact_samples, banana_rwm, bootstrap_memoriser,
+                                    moment_matched_gaussian, kde_bootstrap, banana_grid, banana_logpost, banana_score,
                                     conditional_dlogrho, conditional_score, gaussian_exact_velocity, in_hpd_fraction,
                                     kernel_bandwidth, krr_fit, krr_predict, ksd_u, memorisation_ratio, ou_coefficients,
                                     ou_pairs, rbf_kernel, sample_g1, sample_ring, stein_fit, stein_gram, stein_predict,
@@ -210,6 +211,37 @@ def test_metric_helpers():
     assert abs(within_mode_rms(sample_ring(20000, g), ring_centres()) - 0.2) < 0.01
 
 
+def test_rwm_chain_matches_the_grid_posterior():
+    "A 2000-sample thinned RWM chain has its mean within 0.1 of the grid mean; the acceptance rate is returned."
+    grid = banana_grid()
+    x, acc = banana_rwm(2000, set_seed(21), return_rate=True)
+    assert x.shape == (2000, 2)
+    assert (x.mean(0) - grid["mean"]).abs().max() < 0.1
+    assert 0.1 < acc < 0.9
+    # thinned RWM draws sit inside the exact 99% HPD region about as often as exact draws
+    assert in_hpd_fraction(x, grid) > 0.97
+    with pytest.raises(ParameterError, match="thin"):
+        banana_rwm(10, set_seed(0), thin=0)
+
+
+def test_bootstrap_memoriser_has_ratio_zero_and_jittered_kde_does_not():
+    g = set_seed(22)
+    train, fresh = sample_ring(64, g), sample_ring(1000, g)
+    boot = bootstrap_memoriser(train, 2000, g)
+    assert memorisation_ratio(boot, train, fresh) == 0.0
+    # every bootstrap sample is one of the training points (brute force)
+    assert (torch.cdist(boot, train).min(1).values == 0).all()
+    assert memorisation_ratio(kde_bootstrap(train, 2000, 0.2, g), train, fresh) > 0.5
+
+
+def test_moment_matched_gaussian_moments():
+    g = set_seed(23)
+    Y = sample_g1(300, g)
+    x = moment_matched_gaussian(Y, 200_000, g)
+    assert torch.allclose(x.mean(0), Y.mean(0), atol=0.01)
+    assert torch.allclose(torch.cov(x.T), torch.cov(Y.T), atol=0.02)
+
+
 def test_banana_grid_hpd_and_score():
     grid = banana_grid()
     x = banana_exact_samples(20000, grid, set_seed(18))
@@ -235,7 +267,8 @@ def test_bad_input_raises_before_any_solve(bad, name):
 
 
 @pytest.mark.parametrize("override", [dict(lam=-1.0), dict(h0=0.0), dict(n_small=2), dict(K=0),
-                                      dict(variant="v9"), dict(eps=1.5), dict(m_target=0)])
+                                      dict(variant="v9"), dict(eps=1.5), dict(m_target=0), dict(g2_seeds=0),
+                                      dict(banana_input="emcee"), dict(fm_max_steps=0)])
 def test_config_rejects_out_of_domain(override):
     name = next(iter(override))
     with pytest.raises(ParameterError, match=name):
