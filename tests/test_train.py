@@ -69,3 +69,29 @@ def test_grad_norm_is_logged_before_clipping():
     h = fit(lambda s: {"l": (w2 ** 2).sum() / 2}, [w2], steps=1, lr=0.0, optimizer="sgd", track_grad_norm=True, progress=False)
     assert abs(h.losses["grad_norm"][0] - 3.0) < 1e-6
     assert "grad_norm" not in fit(lambda s: {"l": w2.sum()}, [w2], steps=1, progress=False).losses
+
+
+def test_validation_monitor_stops_at_the_plateau_and_keeps_the_best_weights():
+    from genlab.train import ValidationMonitor, budget
+    g = torch.Generator().manual_seed(0)
+    A, Av = torch.randn(64, 4, generator=g), torch.randn(64, 4, generator=g)
+    w_true = torch.randn(4, generator=g)
+    b, bv = A @ w_true, Av @ w_true + 0.5 * torch.randn(64, generator=g)
+    lin = torch.nn.Linear(4, 1, bias=False)
+    torch.nn.init.zeros_(lin.weight)
+    mon = ValidationMonitor(lambda: ((lin(Av)[:, 0] - bv) ** 2).mean(), patience=4, model=lin)
+    h = fit(lambda s: {"mse": ((lin(A)[:, 0] - b) ** 2).mean()}, lin, steps=20000, lr=0.05, progress=False,
+            every=[(25, mon)])
+    assert mon.stopped and h.stopped_early and h.steps < 20000
+    assert mon.best == min(mon.values) and mon.converged()
+    mon.restore_best()
+    assert abs(float(((lin(Av)[:, 0] - bv) ** 2).mean()) - mon.best) < 1e-6
+    row = budget(h, lin, 64, mon, stop="patience 4")
+    assert row["params"] == 4 and row["samples"] == 64 * h.steps and row["converged"]
+
+
+def test_monitor_reports_a_run_still_improving():
+    from genlab.train import ValidationMonitor
+    mon = ValidationMonitor(lambda: 0.0)
+    mon.values = [1.0, 0.8, 0.6, 0.4]
+    assert not mon.converged() and mon.relative_improvement() > 0.3
