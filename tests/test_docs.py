@@ -196,7 +196,7 @@ def test_stage_prefers_executed_report_and_falls_back(tmp_path, monkeypatch):
     (proj / "reports" / "report_files" / "alpha-new_0.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     (proj / "reports" / "report.md").write_text(
         "# report\n\nExecuted notebook: [x](alpha/alpha-new/alpha.ipynb)\n\nold: [y](alpha/alpha-old/alpha.ipynb)\n\n"
-        "![fig](report_files/alpha-new_0.png)\n")
+        "![fig](report_files/alpha-new_0.png)\n\ngone: [z](beta/beta-gone/beta.ipynb)\n")
     mj = tmp_path / "mj" / "es5"
     mj.mkdir(parents=True)
     (mj / "tex-svg-full.js").write_text("/* MathJax */")
@@ -212,6 +212,7 @@ def test_stage_prefers_executed_report_and_falls_back(tmp_path, monkeypatch):
     report = (docs / "report" / "index.md").read_text()
     assert "[x](../10_alpha.ipynb)" in report                                # to the rendered method page
     assert "[y](alpha/alpha-old/alpha.ipynb)" in report                      # kept, and the file is copied
+    assert "[z](../11_beta.ipynb)" in report                                 # a run no longer there: its method page
     assert (proj / "reports" / "alpha" / "alpha-old" / "alpha.ipynb", "report/alpha/alpha-old/alpha.ipynb") in out["extra"]
     assert (docs / "report" / "report_files" / "alpha-new_0.png").is_file()
     assert (docs / "assets" / "mathjax" / "tex-svg-full.js").is_file()

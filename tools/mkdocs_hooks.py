@@ -13,12 +13,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import sys
 from pathlib import Path
 
+log = logging.getLogger("mkdocs.hooks.genlab")
 MATHJAX_VERSION = "3.2.2"
 MATHJAX_FILES = ["tex-svg-full.js", "a11y", "input", "sre", "ui"]   # the combined component + what it may lazy-load
 MATHJAX_CONFIG = r"""// MathJax 3 configuration for the genlab site (loaded before assets/mathjax/tex-svg-full.js, from this site).
@@ -179,6 +181,18 @@ def _report_target(target: str, reports: Path) -> Path | None:
     return p if p.exists() else None
 
 
+def _missing_run_link(target: str, pages_of_slug: dict, kind: str) -> str | None:
+    """A report link to a run notebook `<slug>/<run>/<slug>.ipynb` that is not under reports/ (the run was removed
+    or rerun after the report was written): point it at the method page instead, and say so."""
+    m = re.match(r"^(\w+)/[^/]+/(\w+)\.ipynb$", target)
+    if not m or m.group(1) != m.group(2) or m.group(1) not in pages_of_slug:
+        return None
+    page = pages_of_slug[m.group(1)]
+    log.warning("the report links to %s, which is not under reports/; linking the method page %s instead",
+                target, page)
+    return "../" + (page if kind == ".ipynb" else Path(page).stem + "/")
+
+
 # ------------------------------------------------------------------------------------------------ staging
 def stage(root: Path, docs: Path) -> dict:
     "Write the site's sources into `docs`; return the nav and the files to copy into the site after the build."
@@ -189,6 +203,7 @@ def stage(root: Path, docs: Path) -> dict:
     extra: list[tuple[Path, str]] = []          # (source file, path inside site/)
     page_of_executed: dict[Path, str] = {}      # executed notebook -> staged page source name
     methods, core = [], []
+    pages_of_slug: dict[str, str] = {}         # slug -> staged page source name
 
     for nb in sorted(nbs.glob("*.ipynb")):
         m = _NB_RE.match(nb.name)
@@ -226,6 +241,7 @@ def stage(root: Path, docs: Path) -> dict:
                             f"**Source notebook** `nbs/{nb.name}`: {note}. Download: [{nb.name}]({nb.name}).")
             extra.append((nb, f"{stem}/{nb.name}"))
         title = _notebook_title(nb) or slug
+        pages_of_slug[slug] = nb.name
         (methods if num >= 10 else core).append({(slug if num < 10 else title): nb.name})
 
     # README is the one index page
@@ -244,7 +260,7 @@ def stage(root: Path, docs: Path) -> dict:
         def md_link(target):
             p = _report_target(target, reports)
             if p is None:
-                return None
+                return _missing_run_link(target, pages_of_slug, ".ipynb")
             if p.resolve() in page_of_executed:
                 return "../" + page_of_executed[p.resolve()]
             if p.is_file() and not str(target).startswith("report_files/"):
@@ -254,7 +270,7 @@ def stage(root: Path, docs: Path) -> dict:
         def html_link(target):
             p = _report_target(target, reports)
             if p is None:
-                return None
+                return _missing_run_link(target, pages_of_slug, "/")
             if p.resolve() in page_of_executed:
                 return "../" + Path(page_of_executed[p.resolve()]).stem + "/"
             if p.is_file() and not str(target).startswith("report_files/"):
