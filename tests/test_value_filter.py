@@ -211,3 +211,48 @@ def test_smollm2_one_filtered_step():
     allowed = head(hid) >= 0.5
     assert allowed.gather(1, vf["new"][:, :1]).all() or vf["forced"].all()   # the emitted token passed the filter
     assert vf["value_evals"] == 1
+
+
+def _batched_vs_alone(h, head, prompts, seeds, n, new_tokens, **kw):
+    "coupled_decode of a left-padded batch (n rows per prompt, one seed per prompt) against each prompt alone."
+    from genlab.lm import Batch
+    batch = h.pad([p for p in prompts for _ in range(n)])
+    with torch.no_grad():
+        both = coupled_decode(h, batch, layer=-1, value_fn=head, seed=seeds, max_new_tokens=new_tokens, **kw)
+        for i, (p, s) in enumerate(zip(prompts, seeds)):
+            alone = coupled_decode(h, p[None].repeat(n, 1), layer=-1, value_fn=head, seed=s,
+                                   max_new_tokens=new_tokens, **kw)
+            sl = slice(i * n, (i + 1) * n)
+            assert torch.equal(both["new"][sl], alone["new"]), i
+            assert torch.equal(both["intervened"][sl], alone["intervened"]) and torch.equal(both["n_tok"][sl], alone["n_tok"])
+        hs_b, tk_b, rw_b = rollout_features(h, batch, both["new"], -1)
+        sl = slice(0, n)
+        hs_a, tk_a, _ = rollout_features(h, prompts[0][None].repeat(n, 1), both["new"][sl], -1)
+        m = rw_b < n
+        assert torch.equal(tk_b[m], tk_a) and torch.allclose(hs_b[m], hs_a, atol=1e-4 * hs_a.abs().max().item())
+
+
+def test_coupled_decode_batches_prompts_of_different_lengths(tiny):
+    h, head, prompts = tiny
+    ps = [prompts[0], prompts[1, 1:], prompts[2, 2:]]            # lengths 4, 3, 2
+    _batched_vs_alone(h, head, ps, [7, 8, 9], n=3, new_tokens=8, mode="vf", tau=0.5)
+    with pytest.raises(ParameterError, match="seed"):
+        coupled_decode(h, prompts[:4], layer=-1, mode="base", seed=[1, 2, 3])
+
+
+def test_smollm2_coupled_decode_batched_equals_per_prompt():
+    from genlab.lm import load_smollm2
+    h = load_smollm2()
+    head = QHead(h.d_model, h.vocab_size, rank=2)
+    torch.nn.init.normal_(head.delta, std=3.0)
+    ps = [h.chat_prompt("Write one sentence about a farm."), h.chat_prompt("Write about the sea, in one long sentence please.")]
+    _batched_vs_alone(h, head, ps, [3, 4], n=2, new_tokens=3, mode="vf", tau=0.5, temperature=0.8)
+
+
+def test_minilm_embedder_is_the_core_loader():
+    from genlab.lm import SentenceEmbedder, load_minilm
+    from genlab.value_filter import minilm_embedder
+    e = minilm_embedder()
+    assert isinstance(e, SentenceEmbedder)
+    texts = ["Cows and sheep graze near the barn.", "The beach has white sand."]
+    assert torch.equal(e(texts), load_minilm()(texts))
