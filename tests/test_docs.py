@@ -145,6 +145,20 @@ def test_index_appears_once_in_the_navigation(built):
         assert len(tops) == len(set(tops)), f"pages listed twice: {sorted(t for t in tops if tops.count(t) > 1)}"
 
 
+def test_api_pages_show_what_each_argument_means(built):
+    "The API pages list each export with its signature, docstring and the docments comment of every argument."
+    site = built / "site"
+    html = (site / "api" / "data" / "index.html").read_text(encoding="utf-8")
+    i = html.index('id="load_mnist"')
+    block = html[i:html.index("<h2", i + 10)]
+    assert "def" not in block.split("</code>")[0] and "split" in block
+    row = re.search(r"<td><code>root</code></td>.*?</tr>", block, re.S)
+    assert row and "full MNIST folder" in row.group(0), block[:2000]
+    assert "a user&#39;s full copy when given" in block or "a user's full copy when given" in block
+    home = (site / "index.html").read_text(encoding="utf-8")
+    assert 'href="api/data/"' in home and 'href="api/core/"' in home
+
+
 def test_wide_code_scrolls(built):
     site = built / "site"
     css = (site / "assets" / "genlab.css").read_text()

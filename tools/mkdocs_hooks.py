@@ -12,12 +12,16 @@
 """
 from __future__ import annotations
 
+import ast
+import io
 import json
 import logging
 import os
 import re
 import shutil
 import sys
+import tokenize
+from html import escape as html_escape
 from pathlib import Path
 
 log = logging.getLogger("mkdocs.hooks.genlab")
@@ -193,6 +197,141 @@ def _missing_run_link(target: str, pages_of_slug: dict, kind: str) -> str | None
     return "../" + (page if kind == ".ipynb" else Path(page).stem + "/")
 
 
+# ------------------------------------------------------------------------------------------------ API pages
+def _comments_by_line(src: str) -> dict[int, str]:
+    out = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type == tokenize.COMMENT:
+                out[tok.start[0]] = tok.string.lstrip("#").strip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return out
+
+
+def _cell(text: str) -> str:
+    return html_escape(text).replace("|", "&#124;").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    return f"<code>{_cell(text)}</code>" if text else ""
+
+
+def _arg_rows(fn, comments: dict, skip_first: bool) -> list[tuple[str, str, str, str]]:
+    "(name, type, default, meaning) per argument; the meaning is the docments comment on the argument's line."
+    a = fn.args
+    pos = a.posonlyargs + a.args
+    rows = list(zip(pos, [None] * (len(pos) - len(a.defaults)) + list(a.defaults)))
+    if a.vararg:
+        rows.append((a.vararg, None))
+    rows += list(zip(a.kwonlyargs, a.kw_defaults))
+    if a.kwarg:
+        rows.append((a.kwarg, None))
+    if skip_first and rows and rows[0][0].arg in ("self", "cls"):
+        rows = rows[1:]
+    last_on_line = {}
+    for arg, _ in rows:
+        last_on_line[arg.lineno] = arg.arg
+    out = []
+    for arg, default in rows:
+        star = "*" if arg is a.vararg else "**" if arg is a.kwarg else ""
+        meaning = comments.get(arg.lineno, "") if last_on_line.get(arg.lineno) == arg.arg else ""
+        out.append((star + arg.arg, ast.unparse(arg.annotation) if arg.annotation else "",
+                    ast.unparse(default) if default is not None else "", meaning))
+    return out
+
+
+def _signature(fn) -> str:
+    ret = f" -> {ast.unparse(fn.returns)}" if fn.returns else ""
+    return f"{fn.name}({ast.unparse(fn.args)}){ret}"
+
+
+def _fn_md(fn, comments: dict, level: str, prefix: str = "", method: bool = False) -> list[str]:
+    md = [f"{level} `{prefix}{fn.name}`", "", "```python", _signature(fn), "```", ""]
+    doc = ast.get_docstring(fn)
+    if doc:
+        md += [doc, ""]
+    rows = _arg_rows(fn, comments, method)
+    if rows:
+        md += ["| argument | type | default | meaning |", "|---|---|---|---|"]
+        md += [f"| {_code(n)} | {_code(t)} | {_code(d)} | {_cell(m) or '—'} |"
+               for n, t, d, m in rows]
+        md.append("")
+    return md
+
+
+def _class_md(cls, comments: dict) -> list[str]:
+    bases = ", ".join(ast.unparse(b) for b in cls.bases)
+    md = [f"## `{cls.name}`" + (f" ({html_escape(bases)})" if bases else ""), ""]
+    doc = ast.get_docstring(cls)
+    if doc:
+        md += [doc, ""]
+    fields = [n for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    if fields:
+        md += ["| field | type | default | meaning |", "|---|---|---|---|"]
+        for f in fields:
+            md.append(f"| {_code(f.target.id)} | {_code(ast.unparse(f.annotation))} | "
+                      f"{_code(ast.unparse(f.value) if f.value is not None else '')} | "
+                      f"{_cell(comments.get(f.lineno, '')) or '—'} |")
+        md.append("")
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                (not node.name.startswith("_") or node.name == "__init__"):
+            if node.name == "__init__" and not _arg_rows(node, comments, True) and not ast.get_docstring(node):
+                continue
+            md += _fn_md(node, comments, "###", f"{cls.name}.", method=True)
+    return md
+
+
+def api_page(py: Path) -> tuple[str, str | None]:
+    "Markdown for one generated module: every name in `__all__` with its signature, docstring and arguments."
+    src = py.read_text(encoding="utf-8")
+    tree = ast.parse(src)
+    comments = _comments_by_line(src)
+    names = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            try:
+                names = list(ast.literal_eval(node.value))
+            except ValueError:
+                names = None
+    m = re.search(r"File to edit: \.\./nbs/(\S+\.ipynb)", src)
+    nb = m.group(1) if m else None
+    md = [f"# genlab.{py.stem}", ""]
+    doc = ast.get_docstring(tree)
+    if doc:
+        md += [doc, ""]
+    if nb:
+        md += [f"Generated from [nbs/{nb}](../{nb}) (the notebook is the source; this page lists its exports).", ""]
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    wanted = [n for n in (names if names is not None else defs) if not n.startswith("_")]
+    consts = [n for n in wanted if n not in defs]
+    if consts:
+        md += ["Constants: " + ", ".join(f"`{c}`" for c in consts), ""]
+    for name in wanted:
+        node = defs.get(name)
+        if isinstance(node, ast.ClassDef):
+            md += _class_md(node, comments)
+        elif node is not None:
+            md += _fn_md(node, comments, "##")
+    return "\n".join(md) + "\n", nb
+
+
+def stage_api(root: Path, docs: Path, notebook_pages: set) -> list:
+    "One API page per generated module, ordered as the notebooks are; returns the nav entries."
+    entries = []
+    (docs / "api").mkdir(exist_ok=True)
+    for py in sorted((root / "genlab").glob("*.py")):
+        if py.stem.startswith("_"):
+            continue
+        text, nb = api_page(py)
+        if nb not in notebook_pages:                      # link only to notebooks that are pages of this site
+            text = text.replace(f"[nbs/{nb}](../{nb})", f"`nbs/{nb}`")
+        (docs / "api" / f"{py.stem}.md").write_text(text, encoding="utf-8")
+        entries.append((nb or "zz" + py.stem, {f"genlab.{py.stem}": f"api/{py.stem}.md"}))
+    return [e for _, e in sorted(entries, key=lambda t: t[0])]
+
+
 # ------------------------------------------------------------------------------------------------ staging
 def stage(root: Path, docs: Path) -> dict:
     "Write the site's sources into `docs`; return the nav and the files to copy into the site after the build."
@@ -298,6 +437,8 @@ def stage(root: Path, docs: Path) -> dict:
         nav.append({"How to read a method notebook": "reading.ipynb"})
     nav.append({"Methods": methods})
     nav.append({"Core library": core})
+    if (root / "genlab").is_dir():
+        nav.append({"API reference": stage_api(root, docs, {n.name for n in nbs.glob("*.ipynb")})})
     if (root / "DEVELOPING.md").is_file():
         shutil.copy2(root / "DEVELOPING.md", docs / "developing.md")
         nav.append({"Developing": "developing.md"})
