@@ -4,6 +4,7 @@
   of each method (`reports/<slug>/**/<slug>.ipynb`) as its method page, or the unexecuted notebook from `nbs/`
   when no report exists, the core notebooks, and the claims report (`reports/report.md`, `report.html` and the
   `report_files/` images) with its "Executed notebook" links pointed at the rendered method pages;
+- write one API page per generated module (signature, docstring, each argument's docments comment);
 - write the navigation (each page once);
 - ship MathJax 3 (the npm package `mathjax`, installed by tools/install.sh into the Python environment that runs
   mkdocs) into the site and render `$...$` / `$$...$$` in notebook and Markdown pages with it, offline;
