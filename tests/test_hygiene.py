@@ -95,3 +95,11 @@ def test_docs_site_builds_offline(tmp_path):
                          env=dict(os.environ, MKDOCS=str(mkdocs)))
     assert res.returncode == 0, res.stderr[-3000:]
     assert (proj / "site" / "index.html").is_file() and (proj / "site" / "10_flow_matching" / "index.html").is_file()
+
+
+@pytest.mark.parametrize("nb", [p for p in NBS if int(p.name[:2]) >= 10], ids=lambda p: p.stem)
+def test_explorers_go_through_the_core_helper(nb):
+    "An explorer is `genlab.plot.explore(fn, ...)`: live widgets in JupyterLab, one static call (never a stall) under papermill."
+    text = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+    assert re.search(r"\bexplore\(", text), f"{nb.name}: no explore(...) explorer"
+    assert not re.search(r"\binteract(_manual)?\(", text), f"{nb.name}: calls ipywidgets.interact directly"

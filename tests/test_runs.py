@@ -249,3 +249,32 @@ def test_reproduce_points_per_seed(tmp_path):
     assert [p["seed"] for p in pts] == [0, 1, 2] and len({p["id"] for p in pts}) == 3
     with pytest.raises(RunError, match="seeds"):
         reproduce_points("full", only=["flow_matching"], seeds=[-1])
+
+
+def test_a_timed_out_cell_fails_its_point_quietly(tmp_path):
+    res = cli("run", str(FIX), "-p", "sleep", "8", "--timeout", "2", "--out", str(tmp_path))
+    assert res.returncode == 1
+    assert "CellTimeoutError" in res.stdout and "after 2 seconds" in res.stdout
+    assert "Traceback" not in res.stderr and "ZMQError" not in res.stderr, res.stderr[-2000:]
+    assert res.stdout.count("time.sleep(sleep)") == 0   # the cell source is not printed (the notebook keeps it)
+
+
+def test_single_run_shows_cell_progress_and_sweeps_show_counts(tmp_path):
+    res = cli("run", str(FIX), "--out", str(tmp_path / "one"))
+    assert res.returncode == 0 and "cell/s" in res.stderr and "0/1 [" not in res.stderr
+    sweep = write_sweep(tmp_path, {"x": [1, 2], "fail": [False, True]})
+    res = cli("sweep", str(sweep), "--out", str(tmp_path / "sw"), "--workers", "2", "--no-report")
+    assert res.returncode == 1 and "ok=2" in res.stderr and "failed=2" in res.stderr, res.stderr[-1500:]
+
+
+def test_a_kernel_idle_without_replying_fails_fast_not_at_the_cell_timeout(tmp_path):
+    "The stall seen under nbclient: the kernel goes idle but the cell's reply never comes."
+    stall = ROOT / "tests" / "fixtures" / "stall.ipynb"
+    p = make_point(stall, {}, timeout=120)
+    p["stall_timeout"] = 3
+    t0 = time.perf_counter()
+    rec = execute_point(p)["record"]
+    assert rec["status"] == "failed" and "KernelStallError" in rec["error"], rec["error"]
+    assert time.perf_counter() - t0 < 60          # far inside the 120-s cell timeout
+    ok = execute_point(make_point(stall, {"drop": False}, timeout=120))["record"]
+    assert ok["status"] == "ok", ok["error"]
