@@ -123,3 +123,13 @@ def test_committed_records_carry_no_machine_paths_and_a_clean_commit():
         assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, r["id"]
         assert not str(r.get("source", "")).startswith("/"), r["source"]
         assert r.get("commit") and not r["commit"].endswith("-dirty"), (r["id"], r.get("commit"))
+
+
+def test_readme_method_table_is_rendered_from_the_records():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "tools" / "readme_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (ROOT / "README.md").read_text()
+    assert mod.BEGIN + "\n" + mod.table() + "\n" + mod.END in readme, \
+        "README's method table is stale: run `python tools/readme_table.py --write`"
