@@ -497,3 +497,14 @@ def test_device_argument_and_generation_on_the_model_device():
     assert out.device.type == "cuda"
     cpu = load_smollm2().generate(b, 4, stop_at_eos=False)
     assert torch.equal(out.cpu(), cpu)
+
+
+def test_generate_allocates_on_the_model_device():
+    "The model on the 'meta' device (shapes only, no data): every tensor generate makes must be on it too (no CUDA needed)."
+    tok = WordTokenizer([f"w{i}" for i in range(10)])
+    h = tinygpt_handle(tok, generator=torch.Generator().manual_seed(0), d_model=32, n_layers=2, n_heads=2, max_len=16,
+                       device="meta")
+    assert h.device.type == "meta"
+    out = h.generate(h.encode(["w1", "w2 w3"]), 3, stop_at_eos=False)
+    assert out.device.type == "meta" and out.shape == (2, 5)
+    assert h.logits(h.encode("w1 w2")).device.type == "meta"
