@@ -78,7 +78,7 @@ def test_bad_config_stops_before_training():
         resolve(cdc.PRESETS, "full", resolutions=(2, 4, 12))
     with pytest.raises(ParameterError, match="section"):
         resolve(cdc.PRESETS, "full", section="everything")
-    assert resolve(cdc.PRESETS, "full", section="main").sections == ("main", "baselines", "res16")
+    assert resolve(cdc.PRESETS, "full", section="main").sections == ("main", "baselines", "res16", "diagnostics")
 
 
 def test_sampler_rejects_a_bad_split_before_any_evaluation():
