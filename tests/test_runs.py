@@ -278,3 +278,31 @@ def test_a_kernel_idle_without_replying_fails_fast_not_at_the_cell_timeout(tmp_p
     assert time.perf_counter() - t0 < 60          # far inside the 120-s cell timeout
     ok = execute_point(make_point(stall, {"drop": False}, timeout=120))["record"]
     assert ok["status"] == "ok", ok["error"]
+
+
+def test_commit_is_dirty_only_when_the_code_a_run_executes_differs(tmp_path):
+    from genlab.runs import _git_commit, run_files
+    import shutil as sh
+    proj = tmp_path / "p"
+    (proj / "nbs").mkdir(parents=True)
+    (proj / "genlab").mkdir()
+    sh.copy(ROOT / "settings.ini", proj / "settings.ini")
+    for name in ("10_flow_matching.ipynb", "14_stein_transport.ipynb", "11_scfm.ipynb"):
+        sh.copy(ROOT / "nbs" / name, proj / "nbs" / name)
+    for mod in ("core", "record", "flow_matching", "stein_transport", "scfm"):
+        (proj / "genlab" / f"{mod}.py").write_text(f"# {mod}\n")
+    git = lambda *a: subprocess.run(["git", *a], cwd=proj, check=True, capture_output=True)
+    git("init", "-q"); git("add", "-A")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "x")
+    nb = proj / "nbs" / "14_stein_transport.ipynb"
+    files = run_files(nb)
+    names = {p.name for p in files}
+    assert {"14_stein_transport.ipynb", "settings.ini", "core.py", "record.py", "stein_transport.py"} <= names
+    assert "scfm.py" not in names                      # a method module the notebook does not import
+    assert "flow_matching.py" in names                 # its baseline, imported in a demonstration cell
+    assert not _git_commit(proj, files).endswith("-dirty")
+    (proj / "genlab" / "scfm.py").write_text("# scfm, in progress\n")
+    (proj / "nbs" / "11_scfm.ipynb").write_text((proj / "nbs" / "11_scfm.ipynb").read_text() + " ")
+    assert not _git_commit(proj, run_files(nb)).endswith("-dirty")   # others' work in progress
+    (proj / "genlab" / "core.py").write_text("# core, changed\n")
+    assert _git_commit(proj, run_files(nb)).endswith("-dirty")       # the core it runs changed
