@@ -123,6 +123,9 @@ def test_committed_records_carry_no_machine_paths_and_a_clean_commit():
         assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text, r["id"]
         assert not str(r.get("source", "")).startswith("/"), r["source"]
         assert r.get("commit") and not r["commit"].endswith("-dirty"), (r["id"], r.get("commit"))
+    for m in _committed_sections():
+        if m["notebook"] not in PENDING_REVERIFICATION:
+            assert len(m["commits"]) == 1, f"{m['notebook']}: seed runs from several commits {m['commits']} are pooled"
 
 
 def test_readme_method_table_is_rendered_from_the_records():
