@@ -92,6 +92,11 @@ PENDING_REVERIFICATION = {"scfm", "heat_diffusion", "sgpo", "shc", "skae",
                           "sticas", "value_filter"}
 
 
+# Methods whose committed full-preset runs are incomplete, with the reason; the test fails once the reason is gone.
+INCOMPLETE = {"cdc": "seed 1 of 3 fails its S4 wall-clock sanity guard (full_res_stages ratio 0.887 < 0.9, twice); "
+                     "its claims are decided on 2 seeds until that is investigated (issue 13)"}
+
+
 def _committed_sections():
     return method_sections(collect_records(REPORTS)) if REPORTS.is_dir() else []
 
@@ -104,6 +109,9 @@ def test_committed_reports_carry_per_seed_evidence_and_three_valued_verdicts():
         seen.add(m["notebook"])
         paper = [c for c in m["claims"] if c["kind"] == "paper"]
         if m["notebook"] in PENDING_REVERIFICATION:
+            continue
+        if m["notebook"] in INCOMPLETE:
+            assert m["failed"], f"{m['notebook']} has no failed run any more: remove it from INCOMPLETE"
             continue
         assert paper, f"{m['notebook']}: no paper claims"
         for c in paper:
