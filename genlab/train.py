@@ -16,7 +16,7 @@ import torch
 from .core import ParameterError, check_range
 
 # %% auto #0
-__all__ = ['History', 'NonFiniteLossError', 'make_optimizer', 'fit', 'EMA', 'ValidationMonitor', 'budget']
+__all__ = ['History', 'NonFiniteLossError', 'make_optimizer', 'make_scheduler', 'fit', 'EMA', 'ValidationMonitor', 'budget']
 
 # %% ../nbs/02_train.ipynb #74263f95
 @dataclass
@@ -65,15 +65,21 @@ def make_optimizer(optimizer, params, lr: float, weight_decay: float = 0.0) -> t
     return _OPTIMIZERS[optimizer](params, lr=lr, weight_decay=weight_decay)
 
 # %% ../nbs/02_train.ipynb #b63c7314
-def _lr_factor(step: int, steps: int, schedule: str | None, warmup: int) -> float:
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if schedule is None or schedule == "constant":
-        return 1.0
+def make_scheduler(opt: torch.optim.Optimizer,  # the optimiser whose rates are scheduled
+                   steps: int,  # total optimisation steps of the run
+                   schedule: str | None = None,  # None/'constant' or 'cosine' (to zero at the last step)
+                   warmup: int = 0,  # linear warm-up steps, from lr/warmup to lr
+                   ):
+    "A `torch.optim.lr_scheduler` for `fit`: linear warm-up (`LinearLR`) then constant or cosine (`CosineAnnealingLR`), or None."
+    if schedule not in (None, "constant", "cosine"):
+        raise ParameterError(f"schedule must be None, 'constant' or 'cosine'; got {schedule!r}")
+    check_range("warmup", warmup, 0)
+    from torch.optim import lr_scheduler as S
+    warm = [S.LinearLR(opt, start_factor=1.0 / warmup, end_factor=1.0, total_iters=max(1, warmup - 1))] if warmup else []
     if schedule == "cosine":
-        p = (step - warmup) / max(1, steps - warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
-    raise ParameterError(f"schedule must be None, 'constant' or 'cosine'; got {schedule!r}")
+        main = S.CosineAnnealingLR(opt, T_max=max(1, steps - warmup), eta_min=0.0)
+        return S.SequentialLR(opt, warm + [main], milestones=[warmup]) if warm else main
+    return warm[0] if warm else None
 
 
 def fit(loss_fn: Callable[[int], Mapping[str, torch.Tensor | float]],  # step -> named loss terms
@@ -97,7 +103,7 @@ def fit(loss_fn: Callable[[int], Mapping[str, torch.Tensor | float]],  # step ->
     check_range("steps", steps, 0)
     check_range("lr", lr, 0)
     opt = make_optimizer(optimizer, params, lr, weight_decay)
-    base_lrs = [g["lr"] for g in opt.param_groups]
+    sched = make_scheduler(opt, steps, schedule, warmup)
     all_params = [p for g in opt.param_groups for p in g["params"]]
     callbacks, every = list(callbacks), list(every)
     hist = history or History()
@@ -108,10 +114,6 @@ def fit(loss_fn: Callable[[int], Mapping[str, torch.Tensor | float]],  # step ->
     t0 = time.perf_counter()
     try:
         for step in range(steps):
-            if schedule or warmup:
-                f = _lr_factor(step, steps, schedule, warmup)
-                for g, b in zip(opt.param_groups, base_lrs):
-                    g["lr"] = b * f
             terms = loss_fn(step)
             total, logged = None, {}
             for name, v in terms.items():
@@ -137,6 +139,8 @@ def fit(loss_fn: Callable[[int], Mapping[str, torch.Tensor | float]],  # step ->
             if track_grad_norm:
                 logged["grad_norm"] = float(norm)
             opt.step()
+            if sched is not None:
+                sched.step()
             hist.append(logged)
             if bar is not None:
                 bar.update(1)

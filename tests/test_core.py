@@ -34,7 +34,7 @@ def test_resolve_applies_overrides_and_coerces():
     (dict(name_="smoke", steps=1.5), ["steps", "int", "1.5"]),
     (dict(name_="smoke", steps=True), ["steps", "int"]),
     (dict(name_="smoke", lr="fast"), ["lr", "float"]),
-    (dict(name_="smoke", mode="c"), ["mode"]),
+    (dict(name_="smoke", mode="c"), ["mode", "one of 'a', 'b'", "'c'"]),
     (dict(name_="smoke", sizes=["a"]), ["sizes"]),
     (dict(name_="smoke", flag=1), ["flag", "bool"]),
     (dict(name_="huge"), ["huge", "smoke", "full"]),

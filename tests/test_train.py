@@ -58,6 +58,31 @@ def test_cosine_schedule_ends_near_zero():
     assert opt.param_groups[0]["lr"] < 0.05
 
 
+@pytest.mark.parametrize("schedule,warmup", [("cosine", 0), ("cosine", 5), (None, 4), ("constant", 1)])
+def test_schedules_follow_the_closed_form(schedule, warmup):
+    "fit's rate at every step (torch schedulers) equals the closed form: linear warm-up (k+1)/w, then cosine or constant."
+    steps, lr = 30, 0.3
+    w = torch.ones(1, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=lr)
+    seen = []
+    fit(lambda s: (seen.append(opt.param_groups[0]["lr"]), {"l": w.sum()})[1], [w], steps=steps, optimizer=opt,
+        schedule=schedule, warmup=warmup, progress=False)
+
+    def closed(k):
+        if k < warmup:
+            return lr * (k + 1) / warmup
+        if schedule == "cosine":
+            return lr * 0.5 * (1 + math.cos(math.pi * (k - warmup) / (steps - warmup)))
+        return lr
+    assert seen == pytest.approx([closed(k) for k in range(steps)], rel=1e-9, abs=1e-12)
+
+
+def test_unknown_schedule_is_rejected_before_training():
+    w = torch.ones(1, requires_grad=True)
+    with pytest.raises(ParameterError, match="schedule"):
+        fit(lambda s: {"l": w.sum()}, [w], steps=3, schedule="linear", progress=False)
+
+
 def test_grad_norm_is_logged_before_clipping():
     w = torch.tensor([3.0, 4.0], requires_grad=True)
     opt = torch.optim.SGD([w], lr=1.0)
