@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -144,6 +144,16 @@ def claim_text(item: dict) -> str:
             f"{fmt(item['threshold'])}")
 
 
+def _requirements(requires) -> list[dict] | None:
+    if requires is None:
+        return None
+    reqs = [requires] if isinstance(requires, Mapping) else list(requires)
+    for r in reqs:
+        if not isinstance(r, Mapping) or "name" not in r or "ok" not in r:
+            raise ValueError(f"requires: each precondition is a dict with 'name' and 'ok'; got {r!r}")
+    return [to_jsonable({**r, "ok": bool(r["ok"])}) for r in reqs]
+
+
 class Claims:
     "Collects the claims of a notebook: paper claims decided on seeds, sanity guards (raise when false), calibration targets."
 
@@ -179,6 +189,7 @@ class Claims:
               level: float = 0.95,  # confidence level
               method: str = "t",  # interval: "t" or "bootstrap"
               note: str = "",  # one sentence on what is measured
+              requires: dict | Sequence[dict] | None = None,  # preconditions {"name", "ok"[, evidence]}: one missed -> unresolved
               **evidence,  # further numbers worth keeping with the claim
               ) -> str:
         "Decide a paper claim on per-seed evidence (see `genlab.stats.evaluate`); record it; return the verdict."
@@ -187,7 +198,8 @@ class Claims:
                 "baseline": None if baseline is None else to_jsonable(list(np.asarray(baseline, dtype=float).reshape(-1))),
                 "stat": stat, "threshold": float(threshold), "direction": direction, "level": level, "method": method,
                 "seeds": None if seeds is None else [int(s) for s in seeds],
-                "control": to_jsonable(control) if control else None}
+                "control": to_jsonable(control) if control else None,
+                "requires": _requirements(requires)}
         if spec["seeds"] is not None and len(spec["seeds"]) != len(spec["values"]):
             raise ValueError(f"claim {name!r}: {len(spec['seeds'])} seeds for {len(spec['values'])} values")
         res = evaluate(spec)

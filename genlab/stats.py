@@ -136,7 +136,7 @@ def _decide_spec(spec: dict) -> tuple[Estimate, str]:
 
 
 def evaluate(spec: dict) -> dict:
-    "Decide a claim spec (values, baseline, stat, threshold, direction, level, method, control); return the fields to record."
+    "Decide a claim spec (values, baseline, stat, threshold, direction, level, method, control, requires); return the fields to record."
     est, verdict = _decide_spec(spec)
     out = {"estimate": est.as_dict(), "verdict": verdict, "reason": ""}
     if est.n < 2:
@@ -152,6 +152,10 @@ def evaluate(spec: dict) -> dict:
             out["verdict"] = "unresolved"
             out["reason"] = (f"the negative control {c.get('name', '')!r} passes too: the check cannot tell "
                              "the mechanism from its absence")
+    missed = [r["name"] for r in spec.get("requires") or [] if not r.get("ok")]
+    if missed and out["verdict"] != "unresolved":
+        out["verdict"] = "unresolved"  # a claim tested where its precondition does not hold decides nothing
+        out["reason"] = f"precondition missed: {'; '.join(missed)} (the measured {verdict} verdict is not counted)"
     return out
 
 
@@ -178,4 +182,10 @@ def pool(specs: Sequence[dict]) -> dict:
         if ctrls[0].get("baseline") is not None:
             c["baseline"] = cat("baseline", ctrls)
         out["control"] = c
+    reqs = {}
+    for s in specs:  # a precondition holds for the pooled claim only when it held in every run
+        for r in s.get("requires") or []:
+            reqs[r["name"]] = {**r, "ok": bool(r.get("ok")) and reqs.get(r["name"], {"ok": True})["ok"]}
+    if reqs:
+        out["requires"] = list(reqs.values())
     return out

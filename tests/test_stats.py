@@ -92,3 +92,17 @@ def test_pool_over_seed_runs():
     assert r["verdict"] == "supported" and r["estimate"]["n"] == 3 and r["control"]["verdict"] == "contradicted"
     with pytest.raises(ValueError, match="disagree on threshold"):
         pool([runs[0], {**runs[1], "threshold": 0.5}])
+
+
+def test_missed_precondition_leaves_a_claim_unresolved_and_pools_as_all():
+    spec = {"name": "C", "values": [0.2, 0.25, 0.22], "baseline": [1.0, 1.1, 0.9], "stat": "ratio",
+            "threshold": 0.7, "direction": "<="}
+    assert evaluate(spec)["verdict"] == "supported"
+    missed = evaluate({**spec, "requires": [{"name": "calibrated", "ok": False}, {"name": "converged", "ok": True}]})
+    assert missed["verdict"] == "unresolved" and "calibrated" in missed["reason"] and "converged" not in missed["reason"]
+    # a contradicted claim whose precondition is missed is unresolved too: it was not a fair test
+    assert evaluate({**spec, "threshold": 0.1, "requires": [{"name": "calibrated", "ok": False}]})["verdict"] == "unresolved"
+    runs = [{**spec, "values": [v], "baseline": [b], "requires": [{"name": "calibrated", "ok": ok}]}
+            for v, b, ok in zip(spec["values"], spec["baseline"], [True, True, False])]
+    assert evaluate(pool(runs))["verdict"] == "unresolved"
+    assert evaluate(pool([{**r, "requires": [{"name": "calibrated", "ok": True}]} for r in runs]))["verdict"] == "supported"
