@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range
+from .core import ParameterError, check_choice, check_range, param
 from .metrics import frechet_distance
 from .train import EMA, History, fit
 
@@ -37,47 +37,47 @@ SECTION_VARIANTS = {"main": ("cdc", "b1", "indep"), "baselines": ("cdc", "b2", "
 
 @dataclass(frozen=True)
 class CDCConfig:
-    seed: int = 0
-    section: str = "all"                 # which part of the full work this run does (see SECTIONS)
-    sections: tuple[str, ...] = ("main", "baselines", "res16", "diagnostics")   # the sections of one seed, for the runner
-    variants: tuple[str, ...] = ()       # models to train; () = those of the section
-    resolutions: tuple[int, ...] = (2, 4, 8)     # stage resolutions of Data A (digits 8x8)
-    patch: int = 2
-    width: int = 64
-    depth: int = 4
-    heads: int = 4
-    mlp_ratio: int = 4
-    sigma: float = 0.25                  # stage source noise sigma_k (Eq. 3)
-    tau: float = 0.05                    # exposure-bias noise on the condition during training
-    gamma_a: float = 0.0                 # stochastic-interpolant gamma(t) = a sqrt(t(1-t)); 0 = pure FM
-    stage_weights: str = "uniform"       # stage sampling Cat(w): "uniform" or "dim" (w_k ∝ d_k)
-    up_mode: str = "nearest"
-    label_drop: float = 0.1
-    guidance: tuple[float, ...] = (1.0, 2.0)     # CFG scales for the class-conditional model
-    steps: int = 1500                    # optimiser steps for every model (budget parity)
-    batch: int = 128
-    lr: float = 3e-4
-    ema: float = 0.998                   # 0.998^1500 = 0.05: the same share of the initial weights as 0.999^3000
-    grad_clip: float = 1.0
-    val_every: int = 250
-    b1_max_factor: float = 2.0           # B1 trains on up to this many times `steps` until its held-out loss plateaus
-    plateau_tol: float = 0.02            # converged: held-out loss improved by < 2% over the last quarter
-    n_train: int = 1500
-    n_eval: int = 1000                   # generated samples per FD
-    low_split: tuple[int, ...] = (12, 2, 1)
-    high_split: tuple[int, ...] = (20, 20, 20)
-    nfe_splits: tuple[tuple[int, ...], ...] = ((12, 2, 1), (2, 2, 2), (4, 1, 1), (5, 5, 5), (20, 20, 20))
-    b1_steps: tuple[int, ...] = (1, 2, 3, 4, 6, 15, 25, 60)
-    timing_repeats: int = 5
-    timing_batch: int = 1000
-    forward_repeats: int = 7             # forwards per per-evaluation timing (median)
-    pca_dim: int = 20
-    res16: bool | None = None            # run the 16x16 setting; None = by section (seed 0 in full)
-    res16_resolutions: tuple[int, ...] = (4, 8, 16)
-    res16_patch: int = 4
-    res16_steps: int = 1500
-    train_speed_steps: int = 20          # steps per round of the side-by-side training-speed benchmark
-    strict_guards: bool = True           # S3 coverage needs a trained model: off in smoke
+    seed: int = param(0, lo=0, help="run seed (model initialisation, data split, sampling noise)")
+    section: str = param("all", choices=SECTIONS, help="which part of the full work this run does (see SECTIONS)")
+    sections: tuple[str, ...] = param(("main", "baselines", "res16", "diagnostics"), choices=SECTIONS, each=True, help="the sections of one seed, for the runner")
+    variants: tuple[str, ...] = param((), choices=VARIANTS, each=True, help="models to train; () = those of the section")
+    resolutions: tuple[int, ...] = param((2, 4, 8), help="stage resolutions of Data A (digits 8x8)")
+    patch: int = param(2, lo=1, help="DiT patch size (must divide the coarsest resolution)")
+    width: int = param(64, lo=1, help="transformer width (divisible by heads and by 4)")
+    depth: int = param(4, lo=1, help="transformer blocks")
+    heads: int = param(4, lo=1, help="attention heads")
+    mlp_ratio: int = param(4, lo=1, help="MLP hidden width as a multiple of width")
+    sigma: float = param(0.25, lo=0, lo_open=True, help="stage source noise sigma_k (Eq. 3)")
+    tau: float = param(0.05, lo=0, help="exposure-bias noise on the condition during training")
+    gamma_a: float = param(0.0, lo=0, help="stochastic-interpolant gamma(t) = a sqrt(t(1-t)); 0 = pure FM")
+    stage_weights: str = param("uniform", choices=("uniform", "dim"), help="stage sampling Cat(w): \"uniform\" or \"dim\" (w_k ∝ d_k)")
+    up_mode: str = param("nearest", choices=("nearest", "bilinear"), help="upsampling of a stage's output into the next stage's condition")
+    label_drop: float = param(0.1, lo=0, hi=1, help="probability of dropping the class label in training (classifier-free guidance)")
+    guidance: tuple[float, ...] = param((1.0, 2.0), help="CFG scales for the class-conditional model")
+    steps: int = param(1500, lo=1, help="optimiser steps for every model (budget parity)")
+    batch: int = param(128, lo=1, help="training minibatch size")
+    lr: float = param(3e-4, lo=0, lo_open=True, help="AdamW learning rate")
+    ema: float = param(0.998, lo=0, hi=1, hi_open=True, help="0.998^1500 = 0.05: the same share of the initial weights as 0.999^3000")
+    grad_clip: float = param(1.0, lo=0, lo_open=True, help="global gradient-norm clip")
+    val_every: int = param(250, lo=1, help="steps between held-out loss evaluations")
+    b1_max_factor: float = param(2.0, lo=1, help="B1 trains on up to this many times `steps` until its held-out loss plateaus")
+    plateau_tol: float = param(0.02, lo=0, help="converged: held-out loss improved by < plateau_tol (relative) over the last quarter")
+    n_train: int = param(1500, lo=100, hi=1697, help="training images of Data A (the rest of the 1797 digits are held out)")
+    n_eval: int = param(1000, lo=1, help="generated samples per FD")
+    low_split: tuple[int, ...] = param((12, 2, 1), help="per-stage Euler steps of the low-NFE setting (one entry per stage)")
+    high_split: tuple[int, ...] = param((20, 20, 20), help="per-stage Euler steps of the high-NFE setting")
+    nfe_splits: tuple[tuple[int, ...], ...] = param(((12, 2, 1), (2, 2, 2), (4, 1, 1), (5, 5, 5), (20, 20, 20)), help="per-stage step splits of the NFE-allocation study")
+    b1_steps: tuple[int, ...] = param((1, 2, 3, 4, 6, 15, 25, 60), help="Euler step counts of the single-stage baseline B1's NFE curve")
+    timing_repeats: int = param(5, lo=1, help="repeats of each sampling-time measurement (median)")
+    timing_batch: int = param(1000, lo=1, help="samples per sampling-time measurement")
+    forward_repeats: int = param(7, lo=1, help="forwards per per-evaluation timing (median)")
+    pca_dim: int = param(20, lo=1, help="PCA features of the Fréchet distance")
+    res16: bool | None = param(None, help="run the 16x16 setting; None = by section (seed 0 in full)")
+    res16_resolutions: tuple[int, ...] = param((4, 8, 16), help="stage resolutions of the 16x16 setting")
+    res16_patch: int = param(4, lo=1, help="patch size of the 16x16 setting (must divide its coarsest resolution)")
+    res16_steps: int = param(1500, lo=1, help="optimiser steps per model in the 16x16 setting")
+    train_speed_steps: int = param(20, lo=1, help="steps per round of the side-by-side training-speed benchmark")
+    strict_guards: bool = param(True, help="S3 coverage needs a trained model: off in smoke")
 
     def __post_init__(self):                 # lists from the runner or a sweep file become tuples (hashable splits)
         def tup(v):
@@ -87,11 +87,6 @@ class CDCConfig:
             object.__setattr__(self, f, tup(getattr(self, f)))
 
     def validate(self):
-        check_choice("section", self.section, SECTIONS)
-        for s in self.sections:
-            check_choice("sections", s, SECTIONS)
-        for v in self.variants:
-            check_choice("variants", v, VARIANTS)
         res = check_resolutions(self.resolutions, "resolutions")
         check_resolutions(self.res16_resolutions, "res16_resolutions")
         K = len(res)
@@ -103,21 +98,8 @@ class CDCConfig:
             raise ParameterError(f"patch = {self.patch} must divide the coarsest resolution {res[0]}")
         if self.res16_resolutions[0] % self.res16_patch:
             raise ParameterError(f"res16_patch = {self.res16_patch} must divide {self.res16_resolutions[0]}")
-        for name in ("width", "depth", "heads", "mlp_ratio", "steps", "batch", "val_every", "n_eval",
-                     "timing_repeats", "timing_batch", "forward_repeats", "pca_dim", "res16_steps", "train_speed_steps"):
-            check_range(name, getattr(self, name), 1)
         if self.width % self.heads or self.width % 4:
             raise ParameterError(f"width = {self.width} must be divisible by heads = {self.heads} and by 4")
-        check_range("sigma", self.sigma, 0, lo_open=True)
-        check_range("tau", self.tau, 0)
-        check_range("gamma_a", self.gamma_a, 0)
-        check_choice("stage_weights", self.stage_weights, ("uniform", "dim"))
-        check_choice("up_mode", self.up_mode, ("nearest", "bilinear"))
-        check_range("label_drop", self.label_drop, 0, 1)
-        check_range("lr", self.lr, 0, lo_open=True)
-        check_range("ema", self.ema, 0, 1, hi_open=True)
-        check_range("b1_max_factor", self.b1_max_factor, 1)
-        check_range("n_train", self.n_train, 100, 1697)
         if not self.b1_steps or min(self.b1_steps) < 1:
             raise ParameterError(f"b1_steps must be positive step counts, got {self.b1_steps}")
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from .core import ParameterError, check_choice, check_range
+from .core import ParameterError, check_choice, check_range, param
 
 ROW_TOL = 1e-9  # tolerance on the row constraint a_i + sum_j W_ij = 1
 
@@ -191,58 +191,58 @@ GraphName = Literal["ring", "self", "complete", "star", "G4", "custom"]
 
 @dataclass(frozen=True)
 class SelfConsumingConfig:
-    seed: int = 0
+    seed: int = param(0, lo=0, help="run seed; experiments use seeds seed + 0..(their seed count)-1")
     # demo experiment (the sweep's axes): graph, real fraction and loop options
-    graph: GraphName = "ring"
-    real_frac: float = 0.2           # real-data fraction a of every node (G4: of the class {2, 3})
-    K: int = 6                       # nodes of the named graphs (G4 has 4)
-    n: int = 100                     # samples per node per generation
-    custom_a: tuple[float, ...] | None = None              # graph='custom': real fractions (K,)
-    custom_W: tuple[tuple[float, ...], ...] | None = None  # graph='custom': consumption weights (K, K)
-    weights_as: Literal["fraction", "count"] = "fraction"  # custom a, W as fractions or as sample counts
-    real_mode: Literal["fresh", "fixed"] = "fresh"
-    update: Literal["synchronous", "sequential"] = "synchronous"
-    ddof: int = 0
-    accumulate: bool = False         # train on all data seen so far instead of the last generation's
-    bias: float = 1.0                # sampling temperature: samples use std x bias (MAD's sampling bias)
-    demo_T: int = 400
-    demo_seeds: int = 20
+    graph: GraphName = param("ring", choices=("ring", "self", "complete", "star", "G4", "custom"), help="graph of the demo experiment (G4: the four-node collapse graph; custom: custom_a/custom_W)")
+    real_frac: float = param(0.2, lo=0, hi=1, help="real-data fraction a of every node (G4: of the class {2, 3})")
+    K: int = param(6, lo=2, hi=64, help="nodes of the named graphs (G4 has 4)")
+    n: int = param(100, lo=1, help="samples per node per generation")
+    custom_a: tuple[float, ...] | None = param(None, help="graph='custom': real fractions (K,)")
+    custom_W: tuple[tuple[float, ...], ...] | None = param(None, help="graph='custom': consumption weights (K, K)")
+    weights_as: Literal["fraction", "count"] = param("fraction", choices=("fraction", "count"), help="custom a, W as fractions or as sample counts")
+    real_mode: Literal["fresh", "fixed"] = param("fresh", choices=("fresh", "fixed"), help="real data drawn fresh every generation, or one fixed real pool")
+    update: Literal["synchronous", "sequential"] = param("synchronous", choices=("synchronous", "sequential"), help="all nodes refit at once (synchronous) or one after another (sequential)")
+    ddof: int = param(0, lo=0, hi=1, help="delta degrees of freedom of each node's variance estimate (0: maximum likelihood)")
+    accumulate: bool = param(False, help="train on all data seen so far instead of the last generation's")
+    bias: float = param(1.0, lo=0, lo_open=True, help="sampling temperature: samples use std x bias (MAD's sampling bias)")
+    demo_T: int = param(400, lo=1, help="generations of the demo experiment")
+    demo_seeds: int = param(20, lo=1, help="seeds of the demo experiment")
     # checks 1-2: random graphs
-    n_random_graphs: int = 200
+    n_random_graphs: int = param(200, lo=1, help="random graphs for the convergence-condition and fixed-point checks")
     # checks 3-4: Gaussian nodes
-    gauss_T: int = 400
-    gauss_burn: int = 100
-    gauss_seeds: int = 20
+    gauss_T: int = param(400, lo=1, help="generations of the Gaussian-node runs (C4)")
+    gauss_burn: int = param(100, lo=0, help="generations discarded before the stationary MSE is averaged (at most gauss_T - 1)")
+    gauss_seeds: int = param(20, lo=1, help="seeds of the Gaussian-node runs")
     # check 5: collapse
-    g4_n: int = 50
-    g4_T: int = 300
-    g4_seeds: int = 10
-    g4_control_aC: float = 0.1
-    wf_T: int = 30
-    wf_seeds: int = 200
-    wf_n: int = 100
-    wf_k: int = 8
+    g4_n: int = param(50, lo=2, help="samples per node per generation on G4 (C5a, C5b)")
+    g4_T: int = param(300, lo=1, help="generations on G4")
+    g4_seeds: int = param(10, lo=1, help="seeds on G4")
+    g4_control_aC: float = param(0.1, lo=0, hi=1, lo_open=True, help="real fraction of the closed class in the C5 negative control")
+    wf_T: int = param(30, lo=1, help="generations of the categorical (Wright-Fisher) nodes (C5c, C5d)")
+    wf_seeds: int = param(200, lo=1, help="seeds of the categorical nodes")
+    wf_n: int = param(100, lo=1, help="samples per categorical node per generation")
+    wf_k: int = param(8, lo=1, help="categories of the categorical nodes")
     # check 6: GMM nodes on the 2-D ring
-    gmm_n: int = 400
-    gmm_T: int = 40
-    gmm_seeds: int = 10
-    gmm_control_aC: float = 0.2
+    gmm_n: int = param(400, lo=1, help="samples per GMM node per generation on the 2-D ring (C6)")
+    gmm_T: int = param(40, lo=1, help="generations of the GMM nodes")
+    gmm_seeds: int = param(10, lo=1, help="seeds of the GMM nodes")
+    gmm_control_aC: float = param(0.2, lo=0, hi=1, lo_open=True, help="real fraction of the closed class in the C6 negative control")
     # check 7: GMM nodes on MNIST-5k PCA codes
-    mnist_n: int = 1000
-    mnist_T: int = 10
-    mnist_seeds: int = 10
-    mnist_control_aC: float = 0.2
-    mnist_dim: int = 16
-    mnist_components: int = 10
-    clf_steps: int = 1500
+    mnist_n: int = param(1000, lo=2, hi=1000, help="samples per node per generation on MNIST-5k PCA codes (C7; drawn without replacement)")
+    mnist_T: int = param(10, lo=1, help="generations on MNIST codes")
+    mnist_seeds: int = param(10, lo=1, help="seeds on MNIST codes")
+    mnist_control_aC: float = param(0.2, lo=0, hi=1, lo_open=True, help="real fraction of the closed class in the C7 negative control")
+    mnist_dim: int = param(16, lo=1, help="PCA code dimension of the MNIST nodes")
+    mnist_components: int = param(10, lo=1, help="Gaussian-mixture components per MNIST node")
+    clf_steps: int = param(1500, lo=1, help="training steps of the classifier that labels MNIST samples")
     # optional: flow-matching nodes on the same codes (reported only; 0 seeds skips)
-    fm_seeds: int = 3
-    fm_T: int = 5
-    fm_steps: int = 300             # training steps per generation (warm start from the node's previous model)
-    fm_pretrain: int = 1000         # generation-0 steps on real codes
+    fm_seeds: int = param(3, lo=0, help="seeds of the flow-matching nodes (reported without a verdict; 0 skips them)")
+    fm_T: int = param(5, lo=1, help="generations of the flow-matching nodes")
+    fm_steps: int = param(300, lo=1, help="training steps per generation (warm start from the node's previous model)")
+    fm_pretrain: int = param(1000, lo=1, help="generation-0 steps on real codes")
     # topology sweep (full only)
-    topology_sweep: bool = True
-    sweep_seeds: int = 10
+    topology_sweep: bool = param(True, help="run the topology sweep (graph x real fraction)")
+    sweep_seeds: int = param(10, lo=1, help="seeds per point of the topology sweep")
 
     def demo_network(self) -> Network:
         "The demo experiment's graph; raises `ParameterError` naming custom_a / custom_W when they are invalid."
@@ -254,25 +254,7 @@ class SelfConsumingConfig:
         return named_graph(self.graph, self.K, self.real_frac, self.n)
 
     def validate(self):
-        check_choice("graph", self.graph, ("ring", "self", "complete", "star", "G4", "custom"))
-        check_range("real_frac", self.real_frac, 0, 1)
-        check_range("K", self.K, 2, 64)
-        check_range("ddof", self.ddof, 0, 1)
-        check_range("bias", self.bias, 0, lo_open=True)
-        check_choice("real_mode", self.real_mode, ("fresh", "fixed"))
-        check_choice("update", self.update, ("synchronous", "sequential"))
-        check_choice("weights_as", self.weights_as, ("fraction", "count"))
-        for name in ("n", "demo_T", "demo_seeds", "n_random_graphs", "gauss_T", "gauss_seeds", "g4_n", "g4_T",
-                     "g4_seeds", "wf_T", "wf_seeds", "wf_n", "wf_k", "gmm_n", "gmm_T", "gmm_seeds", "mnist_n",
-                     "mnist_T", "mnist_seeds", "mnist_dim", "mnist_components", "clf_steps", "sweep_seeds", "fm_T",
-                     "fm_steps", "fm_pretrain"):
-            check_range(name, getattr(self, name), 1)
         check_range("gauss_burn", self.gauss_burn, 0, self.gauss_T - 1)
-        check_range("fm_seeds", self.fm_seeds, 0)
-        check_range("g4_n", self.g4_n, 2)
-        check_range("mnist_n", self.mnist_n, 2, 1000)  # real codes are drawn without replacement from 4000
-        for name in ("g4_control_aC", "gmm_control_aC", "mnist_control_aC"):
-            check_range(name, getattr(self, name), 0, 1, lo_open=True)
         if self.weights_as == "count" and self.graph != "custom":
             raise ParameterError("weights_as='count' applies to graph='custom' (custom_a, custom_W as sample counts)")
         self.demo_network()  # a bad graph fails here, before any work

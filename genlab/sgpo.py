@@ -17,7 +17,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, resolve, set_seed
+from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
 from .metrics import entropy_from_logits, rank_metrics
 from .train import fit
 
@@ -36,80 +36,61 @@ METHODS = ("grpo", "gspo", "sgpo", "dapo", "drgrpo", "cispo", "gtpo",
 @dataclass(frozen=True)
 class SGPOConfig:
     "All knobs of the SGPO notebook (world, RQ-VAE, policy, SFT, RL, MovieLens)."
-    seed: int = 0
+    seed: int = param(0, lo=0, help="run seed; the seeds of a run are seed, seed+1, ... (n_seeds of them)")
     # synthetic world (spec §6.1)
-    n_cat: int = 8
-    n_sub: int = 4
-    n_per: int = 16
-    n_users: int = 3000
-    hist_min: int = 8
-    hist_max: int = 20
-    ctx_len: int = 10
+    n_cat: int = param(8, lo=1, help="categories of the synthetic item world")
+    n_sub: int = param(4, lo=1, help="sub-categories per category")
+    n_per: int = param(16, lo=1, help="items per sub-category")
+    n_users: int = param(3000, lo=1, help="synthetic users")
+    hist_min: int = param(8, lo=4, help="shortest user history (items)")
+    hist_max: int = param(20, lo=4, help="longest user history (at least hist_min)")
+    ctx_len: int = param(10, lo=1, help="history items the policy sees as context")
     # semantic IDs
-    K: int = 16
-    L: int = 3
-    d_z: int = 8
-    rq_steps: int = 600
+    K: int = param(16, lo=1, help="codebook size per semantic-ID level (RQ-VAE)")
+    L: int = param(3, lo=1, help="semantic-ID levels (tokens per item)")
+    d_z: int = param(8, lo=1, help="RQ-VAE latent dimension")
+    rq_steps: int = param(600, lo=0, help="RQ-VAE training steps")
     # policy + SFT
-    d_model: int = 64
-    sft_steps: int = 1000
-    sft_batch: int = 256
-    sft_lr: float = 2e-3
+    d_model: int = param(64, lo=1, help="policy transformer width")
+    sft_steps: int = param(1000, lo=0, help="supervised fine-tuning steps")
+    sft_batch: int = param(256, lo=1, help="supervised fine-tuning minibatch size")
+    sft_lr: float = param(2e-3, lo=0, lo_open=True, help="supervised fine-tuning learning rate")
     # RL (default regime)
-    rl_steps: int = 150
-    B: int = 32
-    G: int = 8
-    n_mini: int = 2
-    epochs: int = 1
-    rl_lr: float = 1e-4
-    stale: int = 0
+    rl_steps: int = param(150, lo=0, help="RL steps (default regime)")
+    B: int = param(32, lo=1, help="users (prompts) per RL step")
+    G: int = param(8, lo=2, help="rollouts per user (group size)")
+    n_mini: int = param(2, lo=1, help="minibatches per RL step")
+    epochs: int = param(1, lo=1, help="passes over each RL batch")
+    rl_lr: float = param(1e-4, lo=0, lo_open=True, help="RL learning rate (default regime)")
+    stale: int = param(0, lo=0, help="behaviour-policy staleness in RL steps (default regime)")
     # stress regime
-    stress_lr: float = 5e-4
-    stress_epochs: int = 2
-    stress_stale: int = 2
+    stress_lr: float = param(5e-4, lo=0, lo_open=True, help="RL learning rate of the off-policy stress regime")
+    stress_epochs: int = param(2, lo=1, help="passes over each RL batch in the stress regime")
+    stress_stale: int = param(2, lo=0, help="behaviour-policy staleness in the stress regime")
     # SGPO reshaping (eq. 4-6) and clipping
-    gamma_pos: float = 1.0
-    gamma_neg: float = 1.0
-    sigma_max: float = 0.5
-    eps_low: float = 1e-3
-    eps_high: float = 1.3e-3
-    eps_grpo: float = 0.2
-    eps_grpo_high: float = 0.28
-    reward_mode: str = "click"
-    n_seeds: int = 3
-    methods: tuple = ("grpo", "gspo", "sgpo")
-    extra_methods: tuple = ("dapo", "drgrpo", "cispo", "sgpo_gneg0", "sgpo_negflip")
-    stress_methods: tuple = ("grpo", "gspo", "sgpo", "grpo_reshape")
-    beam: int = 20
-    eval_users: int = 1000
+    gamma_pos: float = param(1.0, lo=0, help="SGPO reshaping power for positive advantages (eq. 4)")
+    gamma_neg: float = param(1.0, lo=0, help="SGPO reshaping power for negative advantages (eq. 4)")
+    sigma_max: float = param(0.5, lo=0, lo_open=True, help="cap on the standard deviation of the token weights (eq. 6)")
+    eps_low: float = param(1e-3, lo=0, lo_open=True, hi=1, hi_open=True, help="lower clip width of the sequence-level ratio (GSPO/SGPO)")
+    eps_high: float = param(1.3e-3, lo=0, lo_open=True, help="upper clip width of the sequence-level ratio (GSPO/SGPO)")
+    eps_grpo: float = param(0.2, lo=0, lo_open=True, hi=1, hi_open=True, help="clip width of the token-level ratio (GRPO; DAPO's lower width)")
+    eps_grpo_high: float = param(0.28, lo=0, lo_open=True, help="DAPO's upper clip width")
+    reward_mode: str = param("click", choices=("click", "expected", "exact"), help="reward of a rollout: a sampled click, its expected value, or the exact next-item match")
+    n_seeds: int = param(3, lo=1, help="seeds per run")
+    methods: tuple = param(("grpo", "gspo", "sgpo"), choices=METHODS, each=True, help="methods of the main comparison")
+    extra_methods: tuple = param(("dapo", "drgrpo", "cispo", "sgpo_gneg0", "sgpo_negflip"), choices=METHODS, each=True, help="further baselines and ablations")
+    stress_methods: tuple = param(("grpo", "gspo", "sgpo", "grpo_reshape"), choices=METHODS, each=True, help="methods of the stress regime")
+    beam: int = param(20, lo=1, help="beam width of the recommendation beam search")
+    eval_users: int = param(1000, lo=1, help="held-out users per evaluation")
     # MovieLens-100k
-    ml_K: int = 16
-    ml_rq_steps: int = 600
-    ml_sft_steps: int = 1000
-    ml_rl_steps: int = 100
-    ml_methods: tuple = ("grpo", "gspo", "sgpo")
+    ml_K: int = param(16, lo=1, help="codebook size per level on MovieLens-100k")
+    ml_rq_steps: int = param(600, lo=0, help="RQ-VAE steps on MovieLens-100k")
+    ml_sft_steps: int = param(1000, lo=0, help="supervised fine-tuning steps on MovieLens-100k")
+    ml_rl_steps: int = param(100, lo=0, help="RL steps on MovieLens-100k")
+    ml_methods: tuple = param(("grpo", "gspo", "sgpo"), choices=METHODS, each=True, help="methods run on MovieLens-100k")
 
     def validate(self):
-        for name in ("n_cat", "n_sub", "n_per", "n_users", "K", "L", "d_z", "ctx_len", "d_model", "G", "B",
-                     "n_mini", "epochs", "n_seeds", "beam", "eval_users", "ml_K", "hist_min"):
-            check_range(name, getattr(self, name), 1)
-        check_range("G", self.G, 2)  # a group needs two rollouts to have a spread
-        check_range("hist_min", self.hist_min, 4)
         check_range("hist_max", self.hist_max, self.hist_min)
-        for name in ("rq_steps", "sft_steps", "rl_steps", "stale", "stress_stale", "ml_rq_steps", "ml_sft_steps",
-                     "ml_rl_steps", "stress_epochs"):
-            check_range(name, getattr(self, name), 0)
-        check_range("stress_epochs", self.stress_epochs, 1)
-        for name in ("sft_lr", "rl_lr", "stress_lr", "eps_low", "eps_high", "eps_grpo", "eps_grpo_high", "sigma_max"):
-            check_range(name, getattr(self, name), 0, lo_open=True)
-        check_range("eps_low", self.eps_low, 0, 1, lo_open=True, hi_open=True)
-        check_range("eps_grpo", self.eps_grpo, 0, 1, lo_open=True, hi_open=True)
-        check_range("gamma_pos", self.gamma_pos, 0)
-        check_range("gamma_neg", self.gamma_neg, 0)
-        check_choice("reward_mode", self.reward_mode, ("click", "expected", "exact"))
-        for name in ("methods", "extra_methods", "stress_methods", "ml_methods"):
-            for m in getattr(self, name):
-                check_choice(f"{name} entry", m, METHODS)
         n_items = self.n_cat * self.n_sub * self.n_per
         if n_items > self.K ** self.L:
             raise ParameterError(f"K**L = {self.K ** self.L} semantic IDs cannot hold n_items = {n_items}; raise K or L")

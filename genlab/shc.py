@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, resolve, set_seed
+from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
 from .train import History, NonFiniteLossError, fit
 from .lm import CharTokenizer
 
@@ -30,66 +30,41 @@ __all__ = ['VARIANTS', 'PRESETS', 'SHCConfig', 'helmert_basis', 'skew', 'small_i
 @dataclass(frozen=True)
 class SHCConfig:
     "Every knob of the three experiments (E1 fitting, E2 depth products, E3 char LM)."
-    seed: int = 0
+    seed: int = param(0, lo=0, help="run seed (initialisation, data order, random matrices)")
     # E1: fit a static H to a target
-    e1_steps: int = 1500
-    e1_lr: float = 5e-2
-    e1_width: int = 16
+    e1_steps: int = param(1500, lo=1, help="E1: Adam steps fitting one static mixing matrix to a target")
+    e1_lr: float = param(5e-2, lo=0, lo_open=True, help="E1: learning rate")
+    e1_width: int = param(16, lo=1, help="E1: random probe vectors X per step in the fitting loss")
     # E2: products over depth of random residual matrices
-    e2_layers: int = 64
-    e2_scales: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0)
-    e2_repeats: int = 20
+    e2_layers: int = param(64, lo=1, help="E2: depth of the product of random residual mixing matrices")
+    e2_scales: tuple[float, ...] = param((0.1, 0.5, 1.0, 2.0), lo=0, each=True, help="E2: scales ρ of the random parameters")
+    e2_repeats: int = param(20, lo=1, help="E2: random draws per scale")
     # E3: character-level LM on the Lee news corpus
-    variants: tuple[str, ...] = ("residual", "hc", "mhc", "shc")
-    n_streams: int = 4
-    n_layer: int = 4
-    d_model: int = 64
-    n_heads: int = 4
-    seq_len: int = 64
-    batch_size: int = 32
-    steps: int = 400
-    lr: float = 2e-3
-    weight_decay: float = 0.1
-    warmup: int = 50
-    corpus_chars: int = 0          # 0: the whole corpus
-    val_batches: int = 40
-    eval_every: int = 100
-    sk_iters: int = 20             # Sinkhorn-Knopp iterations of mHC
-    sigma_bias: float = 4.0        # sHC static sigma logit (tanh(4) = 0.99933)
+    variants: tuple[str, ...] = param(("residual", "hc", "mhc", "shc"), choices=VARIANTS, each=True, help="E3 models: residual, HC, mHC (Sinkhorn), sHC (spectral sphere)")
+    n_streams: int = param(4, lo=1, hi=16, help="residual streams n of the hyper-connections")
+    n_layer: int = param(4, lo=1, help="E3 transformer blocks")
+    d_model: int = param(64, lo=1, help="E3 transformer width (divisible by n_heads)")
+    n_heads: int = param(4, lo=1, help="E3 attention heads")
+    seq_len: int = param(64, lo=2, help="E3 context length (characters)")
+    batch_size: int = param(32, lo=1, help="E3 minibatch size")
+    steps: int = param(400, lo=1, help="E3 training steps per model")
+    lr: float = param(2e-3, lo=0, lo_open=True, help="E3 AdamW peak learning rate (cosine schedule)")
+    weight_decay: float = param(0.1, lo=0, help="E3 AdamW weight decay")
+    warmup: int = param(50, lo=0, help="E3 linear warm-up steps (at most steps/4)")
+    corpus_chars: int = param(0, lo=0, help="0: the whole corpus")
+    val_batches: int = param(40, lo=1, help="E3 held-out batches per evaluation")
+    eval_every: int = param(100, lo=1, help="E3 steps between held-out evaluations")
+    sk_iters: int = param(20, lo=1, help="Sinkhorn-Knopp iterations of mHC")
+    sigma_bias: float = param(4.0, help="sHC static sigma logit (tanh(4) = 0.99933)")
     # mixing benchmark
-    bench_tokens: int = 2048
-    bench_repeats: int = 20
+    bench_tokens: int = param(2048, lo=1, help="mixing benchmark: tokens per forward")
+    bench_repeats: int = param(20, lo=1, help="mixing benchmark: timed repeats")
 
     def validate(self):
-        check_range("e1_steps", self.e1_steps, 1)
-        check_range("e1_lr", self.e1_lr, 0, lo_open=True)
-        check_range("e1_width", self.e1_width, 1)
-        check_range("e2_layers", self.e2_layers, 1)
-        for s in self.e2_scales:
-            check_range("e2_scales entry", s, 0)
-        check_range("e2_repeats", self.e2_repeats, 1)
         if not self.variants:
             raise ParameterError(f"variants must name at least one of {', '.join(VARIANTS)}")
-        for v in self.variants:
-            check_choice("variants entry", v, VARIANTS)
-        check_range("n_streams", self.n_streams, 1, 16)
-        check_range("n_layer", self.n_layer, 1)
-        check_range("d_model", self.d_model, 1)
-        check_range("n_heads", self.n_heads, 1)
         if self.d_model % self.n_heads:
             raise ParameterError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        check_range("seq_len", self.seq_len, 2)
-        check_range("batch_size", self.batch_size, 1)
-        check_range("steps", self.steps, 1)
-        check_range("lr", self.lr, 0, lo_open=True)
-        check_range("weight_decay", self.weight_decay, 0)
-        check_range("warmup", self.warmup, 0)
-        check_range("corpus_chars", self.corpus_chars, 0)
-        check_range("val_batches", self.val_batches, 1)
-        check_range("eval_every", self.eval_every, 1)
-        check_range("sk_iters", self.sk_iters, 1)
-        check_range("bench_tokens", self.bench_tokens, 1)
-        check_range("bench_repeats", self.bench_repeats, 1)
         return self
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .core import ParameterError, check_choice, check_range, resolve, set_seed
+from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
 from .train import fit
 
 # %% auto #0
@@ -33,71 +33,43 @@ MODELS = ("dense", "sparse_mlp", "lista")
 @dataclass(frozen=True)
 class SKAEConfig:
     "Systems, models, sizes and budgets of a sparse-Koopman-autoencoder study."
-    systems: tuple[str, ...] = ("polygon_4",)  # multibasin systems (support analysis + forecasting)
-    forecast_systems: tuple[str, ...] = ()  # chaotic flows (forecasting only)
-    models: tuple[str, ...] = ("dense", "lista")
-    seed: int = 0
-    n_seeds: int = 1
-    steps: int = 300
-    batch: int = 256
-    window: int = 8  # L, rollout length of a training window
-    lr: float = 1e-3
-    d_z: int = 64
-    hidden: int = 64
-    lista_q: int = 3
-    tau0: float = 0.05
-    lambda_pred: float = 0.03
-    lambda_rec: float = 1.0
-    lambda_lin: float = 0.03
-    lambda_sp: float = 3e-3
-    n_train: int = 300
-    n_fit: int = 0
-    n_test: int = 100
-    traj_len: int = 200  # stored steps of training trajectories
-    horizons: tuple[int, ...] = (100,)
-    reencode: tuple[int, ...] = (10, 50)
-    boundary_frac: float = 0.5
-    n_jitter: int = 16
-    label_steps: int = 2000
-    n_eval_states: int = 8000
+    systems: tuple[str, ...] = param(("polygon_4",), choices=SYSTEMS[:4], each=True, help="multibasin systems (support analysis + forecasting)")
+    forecast_systems: tuple[str, ...] = param((), choices=SYSTEMS, each=True, help="chaotic flows (forecasting only)")
+    models: tuple[str, ...] = param(("dense", "lista"), choices=MODELS, each=True, help="autoencoders trained: dense, sparse MLP, LISTA (sparse Koopman)")
+    seed: int = param(0, lo=0, help="run seed; the seeds of a run are seed, seed+1, ... (n_seeds of them)")
+    n_seeds: int = param(1, lo=1, help="seeds per model and system")
+    steps: int = param(300, lo=1, help="training steps per model")
+    batch: int = param(256, lo=1, help="training windows per minibatch")
+    window: int = param(8, lo=1, help="L, rollout length of a training window (at most traj_len - 1)")
+    lr: float = param(1e-3, lo=0, lo_open=True, help="Adam learning rate")
+    d_z: int = param(64, lo=1, help="Koopman latent dimension (even for LISTA's sign-split encoder)")
+    hidden: int = param(64, lo=1, help="width of the encoder/decoder MLPs")
+    lista_q: int = param(3, lo=0, help="unrolled LISTA iterations of the sparse encoder")
+    tau0: float = param(0.05, lo=0.0, lo_open=True, help="initial soft-threshold of the LISTA encoder")
+    lambda_pred: float = param(0.03, lo=0.0, help="weight of the latent-prediction loss")
+    lambda_rec: float = param(1.0, lo=0.0, help="weight of the reconstruction loss")
+    lambda_lin: float = param(0.03, lo=0.0, help="weight of the linear-dynamics (Koopman) loss")
+    lambda_sp: float = param(3e-3, lo=0.0, hi=1.0, help="weight of the latent sparsity penalty")
+    n_train: int = param(300, lo=1, help="training trajectories per system")
+    n_fit: int = param(0, lo=0, help="further trajectories held out for fitting after training (0: none)")
+    n_test: int = param(100, lo=4, help="test trajectories per system")
+    traj_len: int = param(200, lo=30, help="stored steps of training trajectories")
+    horizons: tuple[int, ...] = param((100,), lo=1, each=True, help="forecast horizons (steps) of the MSE evaluation")
+    reencode: tuple[int, ...] = param((10, 50), lo=1, each=True, help="re-encoding periods m tried in the rollout (the best is reported)")
+    boundary_frac: float = param(0.5, lo=0.0, hi=1.0, help="share of initial conditions placed near basin boundaries")
+    n_jitter: int = param(16, lo=2, help="jittered copies per boundary point")
+    label_steps: int = param(2000, lo=1, help="simulation steps used to label a state's basin")
+    n_eval_states: int = param(8000, lo=100, help="states sampled for the support diagnostics")
 
     def validate(self):
-        "Check every field against its domain before anything runs."
+        "Cross-field checks, before anything runs (each field's own domain is declared with `param`)."
         if not self.systems:
             raise ParameterError(f"systems must name at least one multibasin system; allowed: {', '.join(SYSTEMS[:4])}")
-        for s in self.systems:
-            check_choice("systems", s, SYSTEMS[:4])
-        for s in self.forecast_systems:
-            check_choice("forecast_systems", s, SYSTEMS)
         if not self.models:
             raise ParameterError(f"models must name at least one model; allowed: {', '.join(MODELS)}")
-        for m in self.models:
-            check_choice("models", m, MODELS)
-        check_range("lambda_sp", self.lambda_sp, 0.0, 1.0)
-        for n in ("lambda_pred", "lambda_rec", "lambda_lin"):
-            check_range(n, getattr(self, n), 0.0)
-        check_range("d_z", self.d_z, 1)
         if "lista" in self.models and self.d_z % 2:
             raise ParameterError(f"d_z must be even for the sign-split LISTA encoder, got {self.d_z}")
-        check_range("n_seeds", self.n_seeds, 1)
-        check_range("steps", self.steps, 1)
-        check_range("batch", self.batch, 1)
-        check_range("hidden", self.hidden, 1)
-        check_range("lista_q", self.lista_q, 0)
-        check_range("tau0", self.tau0, 0.0, lo_open=True)
         check_range("window", self.window, 1, self.traj_len - 1)
-        check_range("n_train", self.n_train, 1)
-        check_range("n_fit", self.n_fit, 0)
-        check_range("n_test", self.n_test, 4)
-        check_range("traj_len", self.traj_len, 30)
-        check_range("boundary_frac", self.boundary_frac, 0.0, 1.0)
-        check_range("n_jitter", self.n_jitter, 2)
-        check_range("label_steps", self.label_steps, 1)
-        check_range("n_eval_states", self.n_eval_states, 100)
-        for h in self.horizons:
-            check_range("horizons", h, 1)
-        for m in self.reencode:
-            check_range("reencode", m, 1)
         return self
 
 

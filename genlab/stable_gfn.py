@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .core import ParameterError, check_choice, check_range, resolve, set_seed
+from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
 from .train import fit, make_optimizer
 
 # %% auto #0
@@ -49,87 +49,53 @@ KAPPA_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)  # evaluation κ's for the reporte
 @dataclass(frozen=True)
 class StableGFNConfig:
     "All knobs of the Stable-GFlowNet notebook (settings, training, κ schedule, reference sampling)."
-    seed: int = 0
-    n_seeds: int = 1          # seeds seed, seed+1, ... (every method of one seed shares init, exploration and outliers)
-    D: int = 2                # main hypergrid dimension
-    H: int = 8                # main hypergrid side
-    R0: float = 1e-3          # main hypergrid base reward (smaller = sharper, harder)
-    R1: float = 0.5
-    R2: float = 2.0
-    n_steps: int = 300        # training steps on the hypergrids (T)
-    batch: int = 64
-    hidden: int = 64
-    lr: float = 1e-3
-    lr_logz: float = 0.1
-    eps_x: float = 0.05       # uniform exploration, decayed linearly to 0 over n_steps
-    eval_every: int = 50
-    kappa_rule: str = "anneal"  # schedule of the `stable` method
-    kappa0: float = 1.0
-    kappa_min: float = 1e-3
-    kappa_max: float = 10.0
-    kappa_decay: float = 0.998
-    spike_factor: float = 10.0
-    spike_window: int = 100
-    ref_sampling: bool = False  # reference-flow sampling in the `stable` method (always on in `stable_ref`)
-    alpha0: float = 0.25        # reference fraction α_t = α0 κ_t/(1+κ_t)
-    floor_kappa: float = 0.1
-    methods: tuple[str, ...] = ("tb", "stable", "stable_k0")   # main hypergrid
-    extend: bool = True         # extend every arm of a setting once (×1.5 steps) if TB's or Stable's TV still falls
-    sparse_R0: float = 1e-5
-    sparse_methods: tuple[str, ...] = ()                       # sparse hypergrid (empty = skip)
-    n_bits: int = 8             # bit-sequence length
-    k: int = 2                  # bits per append action
-    n_modes: int = 4
-    bitseq_T: tuple[float, ...] = (1.0,)                       # bit-sequence reward temperatures
-    bitseq_steps: int = 150
-    bitseq_methods: tuple[str, ...] = ("tb", "stable")
-    d4_steps: int = 0           # hypergrid D=4, H=8 (0 = skip; reported, not a claim)
-    d4_seeds: int = 3
-    robust_methods: tuple[str, ...] = ()                       # 1%-outlier-reward runs (empty = skip)
-    outlier_frac: float = 0.01
-    n_cert_policies: int = 60   # random/perturbed policies per env for the certificate check
-    sens_draws: int = 5         # bit-sequence mode draws for the sensitivity claim
+    seed: int = param(0, lo=0, help="run seed; the seeds of a run are seed, seed+1, ... (n_seeds of them)")
+    n_seeds: int = param(1, lo=1, hi=20, help="seeds seed, seed+1, ... (every method of one seed shares init, exploration and outliers)")
+    D: int = param(2, lo=1, hi=8, help="main hypergrid dimension")
+    H: int = param(8, lo=2, hi=64, help="main hypergrid side")
+    R0: float = param(1e-3, lo=0, lo_open=True, help="main hypergrid base reward (smaller = sharper, harder)")
+    R1: float = param(0.5, lo=0, help="hypergrid reward added where every |x/(H-1) - 1/2| > 1/4")
+    R2: float = param(2.0, lo=0, help="hypergrid reward added where every coordinate has 0.3 < |x/(H-1) - 1/2| < 0.4 (the modes)")
+    n_steps: int = param(300, lo=1, help="training steps on the hypergrids (T)")
+    batch: int = param(64, lo=1, help="trajectories per training step")
+    hidden: int = param(64, lo=1, help="width of the policy MLP")
+    lr: float = param(1e-3, lo=0, lo_open=True, help="Adam learning rate of the policy")
+    lr_logz: float = param(0.1, lo=0, lo_open=True, help="Adam learning rate of log Z")
+    eps_x: float = param(0.05, lo=0, hi=1, help="uniform exploration, decayed linearly to 0 over n_steps")
+    eval_every: int = param(50, lo=1, help="training steps between exact TV evaluations")
+    kappa_rule: str = param("anneal", choices=KAPPA_RULES, help="schedule of the `stable` method")
+    kappa0: float = param(1.0, lo=0, help="initial stability weight κ of the stable method")
+    kappa_min: float = param(1e-3, lo=0, help="smallest κ the schedule may reach")
+    kappa_max: float = param(10.0, lo=0, help="largest κ the schedule may reach (at least kappa_min)")
+    kappa_decay: float = param(0.998, lo=0, hi=1, help="multiplicative κ decay per step of the annealed schedule")
+    spike_factor: float = param(10.0, lo=1, help="a loss above spike_factor × its running median counts as a spike")
+    spike_window: int = param(100, lo=2, help="window (steps) of the running median for spike counting")
+    ref_sampling: bool = param(False, help="reference-flow sampling in the `stable` method (always on in `stable_ref`)")
+    alpha0: float = param(0.25, lo=0, hi=1, help="reference fraction α_t = α0 κ_t/(1+κ_t)")
+    floor_kappa: float = param(0.1, lo=0, help="κ of the log-flow floor")
+    methods: tuple[str, ...] = param(("tb", "stable", "stable_k0"), help="main hypergrid")
+    extend: bool = param(True, help="extend every arm of a setting once (×1.5 steps) if TB's or Stable's TV still falls")
+    sparse_R0: float = param(1e-5, lo=0, lo_open=True, help="base reward of the sparse hypergrid")
+    sparse_methods: tuple[str, ...] = param((), help="sparse hypergrid (empty = skip)")
+    n_bits: int = param(8, lo=2, hi=16, help="bit-sequence length")
+    k: int = param(2, lo=1, hi=8, help="bits per append action")
+    n_modes: int = param(4, lo=1, hi=25, help="reward modes of the bit-sequence task")
+    bitseq_T: tuple[float, ...] = param((1.0,), lo=0, lo_open=True, each=True, help="bit-sequence reward temperatures")
+    bitseq_steps: int = param(150, lo=0, help="training steps on the bit-sequence task (0 skips it)")
+    bitseq_methods: tuple[str, ...] = param(("tb", "stable"), help="methods run on the bit-sequence task")
+    d4_steps: int = param(0, lo=0, help="hypergrid D=4, H=8 (0 = skip; reported, not a claim)")
+    d4_seeds: int = param(3, lo=1, help="seeds of the D = 4 hypergrid runs")
+    robust_methods: tuple[str, ...] = param((), help="1%-outlier-reward runs (empty = skip)")
+    outlier_frac: float = param(0.01, lo=0, hi=1, hi_open=True, help="fraction of terminal rewards replaced by outliers in the robustness runs")
+    n_cert_policies: int = param(60, lo=1, help="random/perturbed policies per env for the certificate check")
+    sens_draws: int = param(5, lo=1, help="bit-sequence mode draws for the sensitivity claim")
 
     def validate(self):
-        check_range("seed", self.seed, 0)
-        check_range("n_seeds", self.n_seeds, 1, 20)
-        check_range("D", self.D, 1, 8)
-        check_range("H", self.H, 2, 64)
         if self.H ** self.D > 200_000:
             raise ParameterError(f"H**D must be <= 200000 states for exact DP, got {self.H ** self.D}")
-        check_range("R0", self.R0, 0, None, lo_open=True)
-        check_range("sparse_R0", self.sparse_R0, 0, None, lo_open=True)
-        check_range("R1", self.R1, 0)
-        check_range("R2", self.R2, 0)
-        check_range("n_bits", self.n_bits, 2, 16)
-        check_range("k", self.k, 1, 8)
         if self.n_bits % self.k:
             raise ParameterError(f"n_bits ({self.n_bits}) must be a multiple of k ({self.k})")
-        check_range("n_modes", self.n_modes, 1, 25)
-        for t in self.bitseq_T:
-            check_range("bitseq_T", t, 0, None, lo_open=True)
-        check_range("n_steps", self.n_steps, 1)
-        check_range("bitseq_steps", self.bitseq_steps, 0)
-        check_range("d4_steps", self.d4_steps, 0)
-        check_range("d4_seeds", self.d4_seeds, 1)
-        check_range("outlier_frac", self.outlier_frac, 0, 1, hi_open=True)
-        check_range("batch", self.batch, 1)
-        check_range("hidden", self.hidden, 1)
-        check_range("lr", self.lr, 0, lo_open=True)
-        check_range("lr_logz", self.lr_logz, 0, lo_open=True)
-        check_range("eps_x", self.eps_x, 0, 1)
-        check_range("eval_every", self.eval_every, 1)
-        check_choice("kappa_rule", self.kappa_rule, KAPPA_RULES)
-        check_range("kappa0", self.kappa0, 0)
-        check_range("kappa_min", self.kappa_min, 0)
         check_range("kappa_max", self.kappa_max, self.kappa_min)
-        check_range("kappa_decay", self.kappa_decay, 0, 1)
-        check_range("spike_factor", self.spike_factor, 1)
-        check_range("spike_window", self.spike_window, 2)
-        check_range("alpha0", self.alpha0, 0, 1)
-        check_range("floor_kappa", self.floor_kappa, 0)
-        check_range("n_cert_policies", self.n_cert_policies, 1)
-        check_range("sens_draws", self.sens_draws, 1)
         if not self.methods:
             raise ParameterError("methods must name at least one method")
         for name in ("methods", "sparse_methods", "bitseq_methods", "robust_methods"):

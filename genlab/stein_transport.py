@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from .core import ParameterError, check_choice, check_range, set_seed
+from .core import ParameterError, check_choice, check_range, param, set_seed
 from .metrics import mmd_rbf
 
 # %% auto #0
@@ -30,68 +30,41 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SteinConfig:
-    seed: int = 0
-    T: float = 4.0  # OU horizon (eq. 3)
-    K: int = 60  # number of Euler steps on the geometric grid (eq. 12)
-    eps: float = 1e-3  # stop at t = 1 - eps
-    h0: float = 0.3  # base bandwidth in data units (eq. 10)
-    lam: float = 1e-3  # ridge λ for the unstandardised mixture runs (M·λ on the diagonal)
-    lam_standardised: float = 1e-4  # ridge λ for the standardised Gaussian and banana runs
-    lam_interp: float = 1e-9  # the interpolating-KRR control of C4 (λ → 0)
-    m_target: int = 1024  # regression pairs per step: r = ceil(m_target / N) repeats of each training point
-    variant: str = "v1"  # v1: velocity KRR (eq. 11); v2: Stein-operator KRR (eq. 9)
-    n_particles: int = 2000  # generated samples per run (G1, G2)
-    n_eval: int = 2000  # fresh target samples for the metrics (test), and for validation (B2)
-    n_seeds: int = 5  # seeds of G1, G3 and the neural comparison
-    g2_seeds: int = 8  # seeds of G2 (C2, C5)
-    n_small: int = 64  # G2 small-data training-set size
-    n_large: int = 256  # G2 larger training-set size (consistency, C5)
-    g1_n: int = 200  # G1 training-set size
-    banana_n_in: int = 200  # posterior samples given to the emulator
-    banana_n_out: int = 3000  # emulated samples
-    banana_input: str = "rwm"  # the input C4 decides: 'rwm' (thinned random-walk Metropolis) or 'grid' (exact)
-    rwm_step: float = 0.5  # random-walk Metropolis proposal sd
-    rwm_burn: int = 2000
-    rwm_thin: int = 25
-    fm_max_steps: int = 16000  # neural flow-matching baseline: at most this many Adam steps (constant lr)
-    fm_eval_every: int = 1000  # validation MMD² every this many steps
-    fm_patience: int = 4  # stop after this many evaluations without a new best checkpoint
-    fm_batch: int = 256
-    fm_lr: float = 1e-3
-    svgd_particles: int = 500  # exact-score SVGD oracle on the banana
-    svgd_steps: int = 1000
-    run_v2: bool = True  # V2 versus V1 on G1 (one seed)
-    bench_sizes: tuple = (256, 512, 1024, 2048)  # M values of the solve-time benchmark
+    seed: int = param(0, lo=0, help="run seed; the per-seed experiments use seeds seed + 0..n_seeds-1")
+    T: float = param(4.0, lo=0, lo_open=True, help="OU horizon (eq. 3)")
+    K: int = param(60, lo=1, help="number of Euler steps on the geometric grid (eq. 12)")
+    eps: float = param(1e-3, lo=0, hi=1, lo_open=True, hi_open=True, help="stop at t = 1 - eps")
+    h0: float = param(0.3, lo=0, lo_open=True, help="base bandwidth in data units (eq. 10)")
+    lam: float = param(1e-3, lo=0, lo_open=True, help="ridge λ for the unstandardised mixture runs (M·λ on the diagonal)")
+    lam_standardised: float = param(1e-4, lo=0, lo_open=True, help="ridge λ for the standardised Gaussian and banana runs")
+    lam_interp: float = param(1e-9, lo=0, lo_open=True, help="the interpolating-KRR control of C4 (λ → 0)")
+    m_target: int = param(1024, lo=1, help="regression pairs per step: r = ceil(m_target / N) repeats of each training point")
+    variant: str = param("v1", choices=("v1", "v2"), help="v1: velocity KRR (eq. 11); v2: Stein-operator KRR (eq. 9)")
+    n_particles: int = param(2000, lo=2, help="generated samples per run (G1, G2)")
+    n_eval: int = param(2000, lo=2, help="fresh target samples for the metrics (test), and for validation (B2)")
+    n_seeds: int = param(5, lo=1, help="seeds of G1, G3 and the neural comparison")
+    g2_seeds: int = param(8, lo=1, help="seeds of G2 (C2, C5); at least n_seeds: the neural comparison reuses the first G2 seeds")
+    n_small: int = param(64, lo=3, help="G2 small-data training-set size (at least d + 1 = 3 for a full-rank standardisation and kernel system)")
+    n_large: int = param(256, lo=3, help="G2 larger training-set size (consistency, C5)")
+    g1_n: int = param(200, lo=3, help="G1 training-set size")
+    banana_n_in: int = param(200, lo=3, help="posterior samples given to the emulator")
+    banana_n_out: int = param(3000, lo=2, help="emulated samples")
+    banana_input: str = param("rwm", choices=("grid", "rwm"), help="the input C4 decides: 'rwm' (thinned random-walk Metropolis) or 'grid' (exact)")
+    rwm_step: float = param(0.5, lo=0, lo_open=True, help="random-walk Metropolis proposal sd")
+    rwm_burn: int = param(2000, lo=0, help="random-walk Metropolis burn-in steps")
+    rwm_thin: int = param(25, lo=1, help="keep every rwm_thin-th Metropolis sample")
+    fm_max_steps: int = param(16000, lo=1, help="neural flow-matching baseline: at most this many Adam steps (constant lr)")
+    fm_eval_every: int = param(1000, lo=1, help="validation MMD² every this many steps")
+    fm_patience: int = param(4, lo=1, help="stop after this many evaluations without a new best checkpoint")
+    fm_batch: int = param(256, lo=1, help="neural flow-matching minibatch size")
+    fm_lr: float = param(1e-3, lo=0, lo_open=True, help="neural flow-matching Adam learning rate")
+    svgd_particles: int = param(500, lo=2, help="exact-score SVGD oracle on the banana")
+    svgd_steps: int = param(1000, lo=1, help="SVGD iterations of the exact-score oracle")
+    run_v2: bool = param(True, help="V2 versus V1 on G1 (one seed)")
+    bench_sizes: tuple = param((256, 512, 1024, 2048), lo=2, each=True, help="M values of the solve-time benchmark")
 
     def validate(self):
-        check_range("seed", self.seed, 0)
-        check_range("T", self.T, 0, lo_open=True)
-        check_range("K", self.K, 1)
-        check_range("eps", self.eps, 0, 1, lo_open=True, hi_open=True)
-        check_range("h0", self.h0, 0, lo_open=True)
-        for name in ("lam", "lam_standardised", "lam_interp", "fm_lr", "rwm_step"):
-            check_range(name, getattr(self, name), 0, lo_open=True)
-        check_range("m_target", self.m_target, 1)
-        check_choice("variant", self.variant, ("v1", "v2"))
-        check_range("n_particles", self.n_particles, 2)
-        check_range("n_eval", self.n_eval, 2)
-        check_range("n_seeds", self.n_seeds, 1)
         check_range("g2_seeds", self.g2_seeds, self.n_seeds)  # the neural comparison reuses the first G2 seeds
-        # the data are 2-D: N must be at least d + 1 = 3 for a full-rank standardisation and kernel system
-        for name in ("n_small", "n_large", "g1_n", "banana_n_in"):
-            check_range(name, getattr(self, name), 3)
-        check_range("banana_n_out", self.banana_n_out, 2)
-        check_choice("banana_input", self.banana_input, ("grid", "rwm"))
-        check_range("rwm_burn", self.rwm_burn, 0)
-        check_range("rwm_thin", self.rwm_thin, 1)
-        check_range("fm_max_steps", self.fm_max_steps, 1)
-        check_range("fm_eval_every", self.fm_eval_every, 1)
-        check_range("fm_patience", self.fm_patience, 1)
-        check_range("fm_batch", self.fm_batch, 1)
-        check_range("svgd_particles", self.svgd_particles, 2)
-        check_range("svgd_steps", self.svgd_steps, 1)
-        for m in self.bench_sizes:
-            check_range("bench_sizes[i]", m, 2)
         return self
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .core import ParameterError, check_choice, check_range
+from .core import ParameterError, check_choice, check_range, param
 from .lm import gumbel_generate, gumbel_noise
 from .train import History, fit
 
@@ -28,56 +28,45 @@ __all__ = ['PRESETS', 'CONCEPTS', 'CONCEPT_NAMES', 'SMOL_SUBJECTS', 'SMOL_SETS',
 # %% ../nbs/40_sticas.ipynb #42e7142f
 @dataclass(frozen=True)
 class StiCASConfig:
-    seed: int = 0
-    threads: int = 1                 # torch threads (1 is fastest for small models on a shared CPU)
+    seed: int = param(0, lo=0, help="run seed (grammar text, model initialisation, prompts)")
+    threads: int = param(1, lo=1, help="torch threads (1 is fastest for small models on a shared CPU)")
     # synthetic grammar + TinyGPT
-    n_concepts: int = 10             # concepts steered (the first n of the grammar's 10)
-    p_on: float = 0.2                # base rate of every concept in the training text
-    persist: float = 0.9             # probability that sentence 2 keeps sentence 1's concept value
-    n_train_docs: int = 6000
-    d_model: int = 96
-    n_layers: int = 3
-    n_heads: int = 4
-    lm_steps: int = 1200
-    lm_batch: int = 64
-    lm_lr: float = 3e-3
-    layer: int = -2                  # steered block (negative counts from the end)
+    n_concepts: int = param(10, lo=2, help="concepts steered (the first n of the grammar's 10)")
+    p_on: float = param(0.2, lo=0, hi=1, lo_open=True, hi_open=True, help="base rate of every concept in the training text")
+    persist: float = param(0.9, lo=0, hi=1, help="probability that sentence 2 keeps sentence 1's concept value")
+    n_train_docs: int = param(6000, lo=1, help="documents of the synthetic grammar TinyGPT is trained on")
+    d_model: int = param(96, lo=1, help="TinyGPT width (divisible by n_heads)")
+    n_layers: int = param(3, lo=1, help="TinyGPT blocks")
+    n_heads: int = param(4, lo=1, help="TinyGPT attention heads")
+    lm_steps: int = param(1200, lo=0, help="TinyGPT training steps")
+    lm_batch: int = param(64, lo=1, help="TinyGPT minibatch size")
+    lm_lr: float = param(3e-3, lo=0, lo_open=True, help="TinyGPT learning rate")
+    layer: int = param(-2, help="steered block (negative counts from the end)")
     # StiCAS
-    rank: int = 2                    # r_k for every concept (TinyGPT)
-    strength: float = 1.0            # lambda_k for every concept
-    n_prompts_per_set: int = 640     # documents per concept set (source and target)
-    max_acts: int = 4096             # activations per set
-    sticas_steps: int = 300
-    sticas_lr: float = 0.02
-    sticas_batch: int = 1024
-    n_dirs: int = 128                # random directions in SW2 (Eq. 6)
-    baseline_steps: int = 150        # SW2 steps for the baselines B1, B4 and B5
-    penalty: float = 10.0            # rho of the Euclidean+penalty ablation B5
+    rank: int = param(2, lo=1, help="r_k for every concept (TinyGPT)")
+    strength: float = param(1.0, lo=0, hi=1, help="lambda_k for every concept")
+    n_prompts_per_set: int = param(640, lo=1, help="documents per concept set (source and target)")
+    max_acts: int = param(4096, lo=1, help="activations per set")
+    sticas_steps: int = param(300, lo=0, help="Stiefel (Riemannian Adam) steps of StiCAS")
+    sticas_lr: float = param(0.02, lo=0, lo_open=True, help="StiCAS learning rate")
+    sticas_batch: int = param(1024, lo=1, help="activations per StiCAS step")
+    n_dirs: int = param(128, lo=1, help="random directions in SW2 (Eq. 6)")
+    baseline_steps: int = param(150, lo=0, help="SW2 steps for the baselines B1, B4 and B5")
+    penalty: float = param(10.0, lo=0, help="rho of the Euclidean+penalty ablation B5")
     # evaluation
-    n_gen_single: int = 64
-    n_gen_pair: int = 32
-    gen_tokens: int = 24
+    n_gen_single: int = param(64, lo=1, help="generations per single-concept evaluation")
+    n_gen_pair: int = param(32, lo=1, help="generations per concept-pair evaluation")
+    gen_tokens: int = param(24, lo=1, help="tokens generated per TinyGPT evaluation")
     # SmolLM2
-    use_smollm2: bool = True
-    smol_layer: int = 15
-    smol_rank: int = 4
-    smol_steps: int = 150
-    smol_gen_tokens: int = 20
-    smol_strength: float = 1.0
+    use_smollm2: bool = param(True, help="run the SmolLM2-135M-Instruct section")
+    smol_layer: int = param(15, lo=0, hi=29, help="SmolLM2 block steered")
+    smol_rank: int = param(4, lo=1, help="StiCAS rank per concept on SmolLM2")
+    smol_steps: int = param(150, lo=0, help="StiCAS steps on SmolLM2")
+    smol_gen_tokens: int = param(20, lo=1, help="tokens generated per SmolLM2 evaluation")
+    smol_strength: float = param(1.0, lo=0, hi=1, help="lambda_k on SmolLM2")
 
     def validate(self):
-        check_range("threads", self.threads, 1)
-        check_range("n_concepts", self.n_concepts, 2, len(CONCEPTS))
-        check_range("p_on", self.p_on, 0, 1, lo_open=True, hi_open=True)
-        check_range("persist", self.persist, 0, 1)
-        for name in ("n_train_docs", "d_model", "n_layers", "n_heads", "lm_batch", "rank", "n_prompts_per_set",
-                     "max_acts", "sticas_batch", "n_dirs", "n_gen_single", "n_gen_pair", "gen_tokens",
-                     "smol_rank", "smol_gen_tokens"):
-            check_range(name, getattr(self, name), 1)
-        for name in ("lm_steps", "sticas_steps", "baseline_steps", "smol_steps"):
-            check_range(name, getattr(self, name), 0)
-        check_range("strength", self.strength, 0, 1)
-        check_range("smol_strength", self.smol_strength, 0, 1)
+        check_range("n_concepts", self.n_concepts, 2, len(CONCEPTS))  # CONCEPTS is defined with the grammar below
         check_range("rank", self.rank * self.n_concepts, 1, self.d_model)  # R = K r <= d (Sec. 3.1)
         if self.d_model % self.n_heads:
             raise ParameterError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")

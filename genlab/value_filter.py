@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range
+from .core import ParameterError, check_choice, check_range, param
 from .lm import Batch, LMHandle, WordTokenizer, gumbel, load_minilm
 from .train import fit
 
@@ -31,50 +31,44 @@ SCORERS = ("minilm", "lexicon")
 
 @dataclass(frozen=True)
 class ValueFilterConfig:
-    seed: int = 0
-    tau: float = 0.2                      # headline threshold (V4, sweep, SmolLM2 summary)
+    seed: int = param(0, lo=0, help="run seed (worlds, model initialisation, rollouts)")
+    tau: float = param(0.2, lo=0, hi=1, help="headline threshold (V4, sweep, SmolLM2 summary)")
     # World A: exact-value Markov LM
-    a_rollouts: int = 200_000
-    a_horizon: int = 12
-    a_taus: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8)
-    a_cd_lambdas: tuple[float, ...] = (1.0, 3.0, 10.0)
+    a_rollouts: int = param(200_000, lo=1, help="World A: rollouts per decoding rule")
+    a_horizon: int = param(12, lo=1, help="World A: tokens per rollout")
+    a_taus: tuple[float, ...] = param((0.05, 0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8), lo=0, hi=1, each=True, help="World A: value-filter thresholds τ")
+    a_cd_lambdas: tuple[float, ...] = param((1.0, 3.0, 10.0), lo=0, each=True, help="World A: strengths λ of the controlled-decoding baseline")
     # World B: TinyGPT on the hidden-topic grammar
-    b_corpus: int = 12_000
-    b_d_model: int = 64
-    b_layers: int = 2
-    b_steps: int = 1500
-    b_train_prompts: int = 2000
-    b_rollouts: int = 4
-    b_test_prompts: int = 1000
-    b_horizon: int = 14
-    head_rank: int = 8
-    head_steps: int = 800
-    layer: int = -1                       # residual-stream layer the value head reads
-    taus: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
-    cd_lambdas: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0)
-    fudge_betas: tuple[float, ...] = (0.5, 1.0, 2.0)
-    bon_ns: tuple[int, ...] = (2, 4, 8)
+    b_corpus: int = param(12_000, lo=1, help="World B: training documents of the hidden-topic grammar")
+    b_d_model: int = param(64, lo=1, help="World B: TinyGPT width")
+    b_layers: int = param(2, lo=1, help="World B: TinyGPT blocks")
+    b_steps: int = param(1500, lo=1, help="World B: TinyGPT training steps")
+    b_train_prompts: int = param(2000, lo=1, help="World B: prompts whose rollouts train the value head")
+    b_rollouts: int = param(4, lo=1, help="World B: rollouts per training prompt")
+    b_test_prompts: int = param(1000, lo=1, help="World B: held-out prompts for the decoding comparison")
+    b_horizon: int = param(14, lo=1, help="World B: tokens per response")
+    head_rank: int = param(8, lo=1, help="rank of the low-rank value head")
+    head_steps: int = param(800, lo=1, help="value-head training steps")
+    layer: int = param(-1, help="residual-stream layer the value head reads (negative counts from the end; checked against the model)")
+    taus: tuple[float, ...] = param((0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7), lo=0, hi=1, each=True, help="World B: value-filter thresholds τ")
+    cd_lambdas: tuple[float, ...] = param((0.5, 1.0, 2.0, 4.0, 8.0), lo=0, each=True, help="World B: strengths λ of the controlled-decoding baseline")
+    fudge_betas: tuple[float, ...] = param((0.5, 1.0, 2.0), lo=0, each=True, help="World B: strengths β of the FUDGE baseline")
+    bon_ns: tuple[int, ...] = param((2, 4, 8), lo=1, each=True, help="World B: candidates N of the best-of-N baseline")
     # SmolLM2-135M-Instruct demonstration
-    smollm2: bool = True
-    scorer: str = "minilm"
-    smol_layer: int = 20
-    smol_new_tokens: int = 20
-    smol_rollouts: int = 6                # rollouts per test prompt
-    smol_train_rollouts: int = 4          # rollouts per training prompt (36 training topics)
-    smol_head_steps: int = 300            # the SmolLM2 head is regularised harder (few topics, 576-d inputs)
-    smol_head_lr: float = 3e-3
-    smol_head_wd: float = 1e-2
-    smol_taus: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
+    smollm2: bool = param(True, help="run the SmolLM2-135M-Instruct demonstration")
+    scorer: str = param("minilm", choices=SCORERS, help="safety scorer of SmolLM2 responses: MiniLM similarity or a lexicon")
+    smol_layer: int = param(20, lo=0, hi=29, help="SmolLM2 block the value head reads")
+    smol_new_tokens: int = param(20, lo=1, help="tokens generated per SmolLM2 response")
+    smol_rollouts: int = param(6, lo=1, help="rollouts per test prompt")
+    smol_train_rollouts: int = param(4, lo=1, help="rollouts per training prompt (36 training topics)")
+    smol_head_steps: int = param(300, lo=1, help="the SmolLM2 head is regularised harder (few topics, 576-d inputs)")
+    smol_head_lr: float = param(3e-3, lo=0, lo_open=True, help="learning rate of the SmolLM2 value head")
+    smol_head_wd: float = param(1e-2, lo=0, help="weight decay of the SmolLM2 value head")
+    smol_taus: tuple[float, ...] = param((0.0, 0.3, 0.5, 0.7), lo=0, hi=1, each=True, help="SmolLM2: value-filter thresholds τ")
 
     def validate(self):
-        check_range("tau", self.tau, 0, 1)
         for t in self.a_taus + self.taus + self.smol_taus:
             check_range("tau (in a_taus/taus/smol_taus)", t, 0, 1)
-        for name in ("a_rollouts", "a_horizon", "b_corpus", "b_d_model", "b_layers", "b_steps",
-                     "b_train_prompts", "b_rollouts", "b_test_prompts", "b_horizon", "head_rank",
-                     "head_steps", "smol_new_tokens", "smol_rollouts", "smol_train_rollouts", "smol_head_steps"):
-            check_range(name, getattr(self, name), 1)
-        check_choice("scorer", self.scorer, SCORERS)
         if any(n < 1 for n in self.bon_ns):
             raise ParameterError(f"bon_ns must be positive, got {self.bon_ns}")
 

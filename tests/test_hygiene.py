@@ -103,3 +103,25 @@ def test_explorers_go_through_the_core_helper(nb):
     text = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
     assert re.search(r"\bexplore\(", text), f"{nb.name}: no explore(...) explorer"
     assert not re.search(r"\binteract(_manual)?\(", text), f"{nb.name}: calls ipywidgets.interact directly"
+
+
+# notebooks whose config is being migrated to `param` declarations together with their re-verification
+PARAM_PENDING = {"scfm", "heat_diffusion"}
+
+
+@pytest.mark.parametrize("slug", sorted(m for m in METHODS if (ROOT / "genlab" / f"{m}.py").is_file()))
+def test_config_fields_declare_their_domain_and_meaning(slug):
+    "Every config field of a method is a `param(...)` with a one-line meaning (read by validation, `genlab params` and the docs)."
+    import dataclasses
+    import importlib
+    mod = importlib.import_module(f"genlab.{slug}")
+    presets = getattr(mod, "PRESETS", None)
+    if presets is None:
+        pytest.skip(f"{slug} has no PRESETS")
+    if slug in PARAM_PENDING:
+        pytest.xfail(f"{slug}: config migration to param() pending with its re-verification")
+    cfg = next(iter(presets.values()))
+    bare = [f.name for f in dataclasses.fields(cfg) if not f.metadata.get("genlab")]
+    assert not bare, f"{slug}: fields without param(...): {bare}"
+    nohelp = [f.name for f in dataclasses.fields(cfg) if not f.metadata["genlab"].get("help")]
+    assert not nohelp, f"{slug}: fields without a help line: {nohelp}"
