@@ -128,6 +128,8 @@ def _estimate_text(item: dict) -> str:
         ev = item.get("evidence") or {}
         return "; ".join(f"{k} = {fmt(v)}" for k, v in ev.items())
     m, lo, hi, n = (float(est[k]) if k != "n" else int(est[k]) for k in ("mean", "lo", "hi", "n"))
+    if est.get("center") == "median":
+        return f"median {fmt(m)} [{fmt(lo)}, {fmt(hi)}] (n = {n})"
     if n < 2:
         return f"{fmt(m)} (n = 1)"
     if est.get("method") == "t" and math.isclose(m - lo, hi - m, rel_tol=1e-6, abs_tol=1e-12):
@@ -188,6 +190,7 @@ class Claims:
               figure: str | None = None,  # caption or label of the figure that shows the evidence
               level: float = 0.95,  # confidence level
               method: str = "t",  # interval: "t" or "bootstrap"
+              center: str = "mean",  # "mean", or "median" (with method="bootstrap")
               note: str = "",  # one sentence on what is measured
               requires: dict | Sequence[dict] | None = None,  # preconditions {"name", "ok"[, evidence]}: one missed -> unresolved
               **evidence,  # further numbers worth keeping with the claim
@@ -197,6 +200,7 @@ class Claims:
         spec = {"name": name, "kind": "paper", "values": to_jsonable(list(np.asarray(values, dtype=float).reshape(-1))),
                 "baseline": None if baseline is None else to_jsonable(list(np.asarray(baseline, dtype=float).reshape(-1))),
                 "stat": stat, "threshold": float(threshold), "direction": direction, "level": level, "method": method,
+                "center": center,
                 "seeds": None if seeds is None else [int(s) for s in seeds],
                 "control": to_jsonable(control) if control else None,
                 "requires": _requirements(requires)}

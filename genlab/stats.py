@@ -31,6 +31,7 @@ class Estimate:
     sd: float  # sample standard deviation (nan when n < 2)
     level: float = 0.95  # confidence level
     method: str = "t"  # "t" or "bootstrap"
+    center: str = "mean"  # what `mean` holds: the mean, or (bootstrap only) the median
 
     def as_dict(self) -> dict:
         return {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in asdict(self).items()}
@@ -50,27 +51,33 @@ def estimate(values: Sequence[float],  # per-seed values of the statistic
              method: str = "t",  # "t" (Eq. 1) or "bootstrap" (percentile)
              n_boot: int = 10000,  # bootstrap resamples
              seed: int = 0,  # bootstrap RNG seed
+             center: str = "mean",  # "mean", or "median" (percentile bootstrap of the median; method="bootstrap" only)
              ) -> Estimate:
-    "The mean of `values` with a `level` confidence interval (Student's t, Eq. 1, or a percentile bootstrap)."
+    "The mean (or median) of `values` with a `level` confidence interval (Student's t, Eq. 1, or a percentile bootstrap)."
     from scipy import stats as st
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if center not in ("mean", "median"):
+        raise ValueError(f"center must be 'mean' or 'median', got {center!r}")
+    if center == "median" and method != "bootstrap":
+        raise ValueError("center='median' needs method='bootstrap' (the t-interval is an interval for the mean)")
     a = _as_values(values)
-    n, m = a.size, float(a.mean())
+    fn = np.median if center == "median" else np.mean
+    n, m = a.size, float(fn(a))
     if n < 2:
-        return Estimate(m, -math.inf, math.inf, n, math.nan, level, method)
+        return Estimate(m, -math.inf, math.inf, n, math.nan, level, method, center)
     sd = float(a.std(ddof=1))
     if sd == 0.0:
-        return Estimate(m, m, m, n, 0.0, level, method)
+        return Estimate(m, m, m, n, 0.0, level, method, center)
     if method == "t":
         lo, hi = st.t.interval(level, n - 1, loc=m, scale=sd / math.sqrt(n))
     else:
-        res = st.bootstrap((a,), np.mean, confidence_level=level, n_resamples=n_boot, method="percentile",
+        res = st.bootstrap((a,), fn, confidence_level=level, n_resamples=n_boot, method="percentile",
                            random_state=np.random.default_rng(seed))
         lo, hi = res.confidence_interval
-    return Estimate(m, float(lo), float(hi), n, sd, level, method)
+    return Estimate(m, float(lo), float(hi), n, sd, level, method, center)
 
 # %% ../nbs/09_stats.ipynb #bddc628c
 def statistic(values: Sequence[float],  # per-seed values of the method
@@ -131,7 +138,7 @@ def _control_spec(control: dict, spec: dict) -> dict:
 
 def _decide_spec(spec: dict) -> tuple[Estimate, str]:
     s = statistic(spec["values"], spec.get("baseline"), spec.get("stat", "value"))
-    est = estimate(s, level=spec.get("level", 0.95), method=spec.get("method", "t"))
+    est = estimate(s, level=spec.get("level", 0.95), method=spec.get("method", "t"), center=spec.get("center", "mean"))
     return est, decide(est, spec["threshold"], spec["direction"])
 
 
@@ -159,14 +166,17 @@ def evaluate(spec: dict) -> dict:
     return out
 
 
+_POOL_DEFAULTS = {"center": "mean"}  # a record written before a field existed holds its default
+
+
 def pool(specs: Sequence[dict]) -> dict:
     "One claim spec from the same claim recorded in several runs: per-seed values (and baselines, controls) concatenated."
     if not specs:
         raise ValueError("pool needs at least one claim spec")
     first = specs[0]
     for s in specs[1:]:
-        for k in ("stat", "threshold", "direction"):
-            if s.get(k) != first.get(k):
+        for k in ("stat", "threshold", "direction", "center"):
+            if s.get(k, _POOL_DEFAULTS.get(k)) != first.get(k, _POOL_DEFAULTS.get(k)):
                 raise ValueError(f"cannot pool claim {first.get('name')!r}: runs disagree on {k} "
                                  f"({first.get(k)!r} vs {s.get(k)!r})")
     out = {k: v for k, v in first.items() if k not in ("values", "baseline", "control", "seeds")}

@@ -106,3 +106,20 @@ def test_missed_precondition_leaves_a_claim_unresolved_and_pools_as_all():
             for v, b, ok in zip(spec["values"], spec["baseline"], [True, True, False])]
     assert evaluate(pool(runs))["verdict"] == "unresolved"
     assert evaluate(pool([{**r, "requires": [{"name": "calibrated", "ok": True}]} for r in runs]))["verdict"] == "supported"
+
+
+def test_median_bootstrap_interval():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(1.0, 0.1, 40), [50.0, 80.0]])      # two outliers pull the mean, not the median
+    e = estimate(x, method="bootstrap", center="median")
+    assert e.center == "median" and e.mean == pytest.approx(float(np.median(x)))
+    assert e.lo <= e.mean <= e.hi and e.hi < 1.2                      # the mean (about 3.2) is far outside
+    assert estimate(x, method="bootstrap").mean == pytest.approx(float(x.mean()))
+    with pytest.raises(ValueError, match="median"):
+        estimate(x, center="median")                                  # no t-interval for a median
+    spec = {"name": "m", "values": list(x), "stat": "value", "threshold": 1.5, "direction": "<",
+            "method": "bootstrap", "center": "median"}
+    assert evaluate(spec)["verdict"] == "supported"
+    assert evaluate({**spec, "center": "mean"})["verdict"] != "supported"
+    with pytest.raises(ValueError, match="center"):
+        pool([spec, {**spec, "center": "mean"}])
