@@ -8,9 +8,11 @@ import torch
 
 from genlab.core import ParameterError, resolve, set_seed
 from genlab.metrics import cluster_accuracy
-from genlab.scfm import (PRESETS, SCFM, MixturePrior, categorical_kl, elbo_terms, encode, gaussian_kl, interpolant,
-                         make_source, mixture_kl, sample_pinwheel, sample_ring, sample_scfm, scfm_losses,
-                         structured_coupling, time_embedding, train_scfm)
+from genlab.scfm import (PRESETS, SCFM, MixturePrior, SCFMConfig, StopRule, c6_statistic, categorical_kl, elbo_terms,
+                         encode, gaussian_kl, interpolant, make_pinwheel_data, make_ring_data, make_source, mixture_kl,
+                         prior_match, results_table, run_2d, run_experiment, sample_pinwheel, sample_ring, sample_scfm,
+                         scfm_losses, structured_coupling, summarise, time_embedding, train_scfm, transport_cost_per_dim,
+                         trunk_parameters)
 
 torch.set_num_threads(1)
 
@@ -170,8 +172,9 @@ def test_sampler_endpoints_and_fixed_cluster():
     assert torch.equal(out["path"][0], out["x0"]) and torch.equal(out["path"][-1], out["x"])
 
 
-@pytest.mark.parametrize("bad", [{"n_clusters": 0}, {"mnist_clusters": 0}, {"sigma0": -0.1}, {"sigma0": 0.0},
-                                 {"latent_dim": 0}, {"mnist_latent": 0}, {"source_mode": "stack"}, {"lt_mode": "x"}])
+@pytest.mark.parametrize("bad", [{"n_clusters": 0}, {"digit_clusters": 0}, {"sigma0": -0.1}, {"sigma0": 0.0},
+                                 {"sigma0": 0.7}, {"latent_2d": 0}, {"latent_digits": 0}, {"source_mode": "stack"},
+                                 {"lt_mode": "x"}, {"section": "video"}, {"nfes": (1, 5)}, {"pretrain_steps": 400}])
 def test_bad_config_rejected(bad):
     with pytest.raises(ParameterError) as e:
         resolve(PRESETS, "smoke", **bad)
@@ -198,3 +201,114 @@ def test_data_generators_and_time_embedding():
     assert abs(float(r.mean()) - 4.0) < 0.1
     e = time_embedding(torch.tensor([0.0, 0.5]), 16)
     assert e.shape == (2, 32) and torch.allclose(e[0, 16:], torch.ones(16))
+
+
+def test_independent_coupling_source_ignores_the_posterior():
+    """coupling='independent': the L_FM partner is N(0, I) whatever the decoder and posterior (same generator, same loss)."""
+    g0 = torch.Generator().manual_seed(11)
+    m = SCFM(3, 4, 2, hidden=16, dec_hidden=16, generator=g0)
+    x1, t = torch.randn(32, 3, generator=g0), torch.rand(32, generator=g0)
+    a = scfm_losses(m, x1, t, generator=torch.Generator().manual_seed(1), coupling="independent")["fm"]
+    with torch.no_grad():
+        for p in m.decoder.parameters():
+            p.add_(1.0)
+    b = scfm_losses(m, x1, t, generator=torch.Generator().manual_seed(1), coupling="independent")
+    assert torch.equal(a, b["fm"])
+    b["fm"].backward()
+    assert all(p.grad is None or float(p.grad.abs().max()) == 0 for p in m.decoder.parameters())
+    # the same partner by hand: the generator's first draws go to z, then to x0 ~ N(0, I)
+    g = torch.Generator().manual_seed(1)
+    torch.randn(32, 2, generator=g)
+    x0 = torch.randn(32, 3, generator=g)
+    xt = (1 - t[:, None]) * x0 + t[:, None] * x1
+    v = m.net.velocity(m.net.features(xt, t))
+    assert torch.allclose(((v - (x1 - x0)) ** 2).sum(-1).mean(), a, atol=1e-6)
+
+
+def test_c6_statistic_zero_when_the_network_ignores_t():
+    g = torch.Generator().manual_seed(12)
+    m = SCFM(2, 3, 2, hidden=16, dec_hidden=16, generator=g)
+    with torch.no_grad():
+        m.net.temb.weight.zero_()
+    out = c6_statistic(m, torch.randn(100, 2, generator=g), g)
+    assert abs(out["delta"]) < 1e-6 and set(out["kl_time"]) == {0.0, 0.25, 0.5}
+
+
+def test_stop_rule_semantics_and_best_checkpoint():
+    lin = torch.nn.Linear(1, 1)
+    vals = iter([1.0, 0.9, 0.88, 0.87, 0.86])
+    states = []
+
+    def score():
+        v = next(vals)
+        with torch.no_grad():
+            lin.bias.fill_(v)
+        return v
+    rule = StopRule(score, lin, patience=3, min_improvement=0.05)
+    stops = [rule(i * 10) for i in range(5)]
+    assert stops == [False, False, False, False, True] and rule.stopped and not rule.hit_budget
+    assert rule.best == 0.86 and rule.best_step == 41
+    with torch.no_grad():
+        lin.bias.fill_(5.0)
+    rule.restore_best()
+    assert float(lin.bias) == pytest.approx(0.86)
+    rule2 = StopRule(iter([3.0, 2.0, 1.0]).__next__, lin, patience=3)
+    assert not any(rule2(i) for i in range(3)) and rule2.hit_budget   # still improving when the budget ends
+
+
+def test_prior_match_tv_against_hand_computation_and_transport_cost():
+    g = torch.Generator().manual_seed(13)
+    m = SCFM(2, 3, 2, hidden=16, dec_hidden=16, generator=g)
+    with torch.no_grad():
+        m.net.logits_c.weight.zero_()
+        m.net.logits_c.bias.copy_(torch.tensor([1.0, 0.0, -1.0]))
+        m.prior.logits_pi.copy_(torch.tensor([0.0, 0.5, 0.2]))
+    out = prior_match(m, torch.randn(200, 2, generator=g), g, n=400)
+    q, pi = torch.softmax(torch.tensor([1.0, 0.0, -1.0]), 0), torch.softmax(torch.tensor([0.0, 0.5, 0.2]), 0)
+    assert out["tv_pi"] == pytest.approx(float(0.5 * (q - pi).abs().sum()), abs=1e-6)
+    x0, x1 = torch.randn(50, 4, generator=g), torch.randn(50, 4, generator=g)
+    assert transport_cost_per_dim(x0, x1) == pytest.approx(float(((x1 - x0) ** 2).sum() / 200), rel=1e-6)
+
+
+def test_trunk_parameters_are_the_shared_layers():
+    m = SCFM(2, 3, 2, hidden=16, n_layers=3)
+    ids = {id(p) for p in trunk_parameters(m.net)}
+    heads = list(m.net.logits_c.parameters()) + list(m.net.vel.parameters())
+    assert len(ids) == 2 + 2 + 2 * 2 and not any(id(p) in ids for p in heads)
+
+
+def test_2d_harness_on_a_50_step_toy_run():
+    """run_2d trains SCFM, its controls and B1 with the stopping rule and returns every metric the notebook records."""
+    cfg = SCFMConfig(max_steps_2d=50, pretrain_steps=5, eval_every_2d=20, n_eval=100, nfes=(1, 2), hidden_2d=16)
+    d = make_ring_data(0, n_train=300, n_val=100, n_test=100)
+    r = run_2d(cfg, d, 0, variants=("scfm", "indep", "c6"))
+    assert set(r["eval"]) == {"scfm", "indep", "c6", "b1"} and set(r["eval"]["scfm"]["fid"]) == {0, 1, 2}
+    e = r["eval"]["scfm"]
+    for key in ("nmi", "acc", "ari", "sizes", "n_big", "tc", "m5", "m9", "c6", "nmi_t", "nmi_t_indep"):
+        assert key in e, key
+    assert set(e["m5"]) == {"mmd", "floor", "tv_pi"} and set(e["tc"]) == {"structured", "independent", "shuffled"}
+    assert len(e["sizes"]) == 8 and abs(sum(e["sizes"]) - 1) < 1e-5 and r["models"]["c6"].sigma0 == 0.5
+    for v in ("scfm", "indep", "c6", "b1"):
+        b = r["budgets"][v]
+        assert b["steps"] <= 50 and b["samples"] == b["steps"] * cfg.batch_size and len(r["curves"][v]["values"]) >= 1
+    assert r["budgets"]["scfm"]["pretrain_steps"] == 10 and "nmi" in r["ctrl_kmeans_noise"]
+    s = summarise(r)
+    assert {"nmi", "tc_ratio", "fid_scfm_2", "fid_b1_2", "m5_mmd", "steps_b1"} <= set(s)
+    table = results_table({"toy": [s, s]}, [("nmi", "NMI"), ("fid_b1_2", "B1")])
+    assert table.count("\n") == 3 and " ± 0 |" in table.replace("± 0.0", "± 0")
+
+
+def test_digits_harness_logs_usage_and_gradients():
+    cfg = SCFMConfig(max_steps_digits=40, pretrain_steps=5, eval_every_d3=20, usage_every=10, grad_every=10, n_eval=60,
+                     nfes=(2,), hidden_digits=16, latent_digits=3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(150, 6, generator=g)
+    y = torch.arange(150) % 10  # 5 test points per class for the 5-fold probe
+    d = {"name": "D3", "kind": "digits", "k": 10, "x_train": x[:80], "y_train": y[:80], "x_val": x[80:100],
+         "y_val": y[80:100], "x_test": x[100:], "y_test": y[100:], "feat": lambda a: a.detach().double()[:, :3]}
+    r = run_experiment(cfg, d, 0, ("scfm", "b3"), log_usage=("scfm", "b3"), log_grads=("scfm",))
+    u = r["usage"]["scfm"]
+    assert u.steps[0] == 10 and len(u.steps) == len(u.sizes) == len(u.pi) == len(u.nmi) >= 3
+    gl = r["grads"]["scfm"]
+    assert len(gl.steps) >= 3 and all(len(gl.norms[k]) == len(gl.steps) for k in ("fm", "lvm", "t"))
+    assert all(v > 0 for v in gl.norms["lvm"]) and set(r["eval"]["b3"]["fid"]) == {0}
