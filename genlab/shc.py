@@ -18,19 +18,27 @@ from .core import ParameterError, check_choice, check_range, param, resolve, set
 from .train import History, NonFiniteLossError, fit
 from .lm import CharTokenizer
 
-VARIANTS = ("residual", "hc", "mhc", "shc")
+VARIANTS = ("residual", "hc", "mhc", "mhc_mixing", "shc")
+SECTIONS = ("all", "synthetic", "lm")
 
 # %% auto #0
-__all__ = ['VARIANTS', 'PRESETS', 'SHCConfig', 'helmert_basis', 'skew', 'small_inv', 'cayley', 'shc_matrix', 'sinkhorn_log',
-           'HyperConnection', 'rotation_target', 'birkhoff_floor', 'fit_static_matrix', 'offdiag_mass', 'amax',
-           'sigma2', 'compose', 'stream_cosine', 'lm_diagnostics', 'draw_residual_matrices', 'HyperGPT', 'char_corpus',
-           'sample_windows', 'param_groups', 'bits_per_char', 'train_char_lm', 'mixing_benchmark']
+__all__ = ['VARIANTS', 'SECTIONS', 'STEPS_FULL', 'PRESETS', 'SHCConfig', 'helmert_basis', 'skew', 'small_inv', 'cayley',
+           'shc_matrix', 'sinkhorn_log', 'HyperConnection', 'rotation_target', 'birkhoff_floor', 'fit_static_matrix',
+           'offdiag_mass', 'amax', 'sigma2', 'compose', 'stream_cosine', 'lm_diagnostics', 'draw_residual_matrices',
+           'HyperGPT', 'matched_mlp_hidden', 'res_grad_norms', 'char_corpus', 'sample_windows', 'param_groups',
+           'bits_per_char', 'train_char_lm', 'mixing_benchmark']
 
 # %% ../nbs/30_shc.ipynb #fd6ffee6
+STEPS_FULL = 800  # the spec's floor (1000 planned): five variants x 800 steps fit one seed's lm section in about 12 min
+
+
 @dataclass(frozen=True)
 class SHCConfig:
     "Every knob of the three experiments (E1 fitting, E2 depth products, E3 char LM)."
     seed: int = param(0, lo=0, help="run seed (initialisation, data order, random matrices)")
+    section: str = param("all", choices=SECTIONS, help="synthetic: E1, E2 and the mixing benchmark; lm: E3; all: both")
+    sections: tuple[str, ...] = param(("synthetic", "lm"), choices=SECTIONS[1:], each=True, help="the sections of one seed, for the runner")
+    e1_seeds: int = param(5, lo=1, help="E1 rotation targets per run: seeds seed*e1_seeds + 0..e1_seeds-1")
     # E1: fit a static H to a target
     e1_steps: int = param(1500, lo=1, help="E1: Adam steps fitting one static mixing matrix to a target")
     e1_lr: float = param(5e-2, lo=0, lo_open=True, help="E1: learning rate")
@@ -40,14 +48,15 @@ class SHCConfig:
     e2_scales: tuple[float, ...] = param((0.1, 0.5, 1.0, 2.0), lo=0, each=True, help="E2: scales ρ of the random parameters")
     e2_repeats: int = param(20, lo=1, help="E2: random draws per scale")
     # E3: character-level LM on the Lee news corpus
-    variants: tuple[str, ...] = param(("residual", "hc", "mhc", "shc"), choices=VARIANTS, each=True, help="E3 models: residual, HC, mHC (Sinkhorn), sHC (spectral sphere)")
+    variants: tuple[str, ...] = param(VARIANTS, choices=VARIANTS, each=True, help="E3 models: residual, HC, mHC (Sinkhorn), mHC started mixing (logits 0), sHC")
+    match_residual: bool = param(True, help="widen the residual baseline's MLP until its parameter count is within 2% of sHC's")
     n_streams: int = param(4, lo=1, hi=16, help="residual streams n of the hyper-connections")
     n_layer: int = param(4, lo=1, help="E3 transformer blocks")
     d_model: int = param(64, lo=1, help="E3 transformer width (divisible by n_heads)")
     n_heads: int = param(4, lo=1, help="E3 attention heads")
     seq_len: int = param(64, lo=2, help="E3 context length (characters)")
     batch_size: int = param(32, lo=1, help="E3 minibatch size")
-    steps: int = param(400, lo=1, help="E3 training steps per model")
+    steps: int = param(1000, lo=1, help="E3 training steps per model (the same for every variant)")
     lr: float = param(2e-3, lo=0, lo_open=True, help="E3 AdamW peak learning rate (cosine schedule)")
     weight_decay: float = param(0.1, lo=0, help="E3 AdamW weight decay")
     warmup: int = param(50, lo=0, help="E3 linear warm-up steps (at most steps/4)")
@@ -59,6 +68,7 @@ class SHCConfig:
     # mixing benchmark
     bench_tokens: int = param(2048, lo=1, help="mixing benchmark: tokens per forward")
     bench_repeats: int = param(20, lo=1, help="mixing benchmark: timed repeats")
+    converge_window: int = param(200, lo=1, help="a variant whose val bits/char fell by > 0.02 over its last this-many steps is flagged as still improving")
 
     def validate(self):
         if not self.variants:
@@ -69,10 +79,11 @@ class SHCConfig:
 
 
 PRESETS = {
-    "smoke": SHCConfig(e1_steps=300, e2_layers=16, e2_scales=(0.5, 2.0), variants=("residual", "mhc", "shc"),
+    "smoke": SHCConfig(e1_steps=300, e1_seeds=2, e2_layers=16, e2_scales=(0.5, 2.0), e2_repeats=10,
                        n_layer=2, d_model=32, n_heads=2, seq_len=32, batch_size=16, steps=40, lr=3e-3,
-                       corpus_chars=200_000, val_batches=8, eval_every=20, bench_tokens=512, bench_repeats=5),
-    "full": SHCConfig(steps=300),  # the spec plans 400 steps/variant; 300 keeps the four variants within budget on a shared 2-core CPU
+                       corpus_chars=200_000, val_batches=8, eval_every=20, bench_tokens=512, bench_repeats=5,
+                       converge_window=20),
+    "full": SHCConfig(steps=STEPS_FULL),
 }
 
 # %% ../nbs/30_shc.ipynb #c7cbdb48
@@ -172,8 +183,10 @@ class HyperConnection(nn.Module):
         else:
             self.static_pre = nn.Parameter(sign.clone())
             self.static_post = nn.Parameter(sign.clone())
-            if variant == "mhc":
+            if variant == "mhc":      # the official init: diagonal 0, off-diagonal -8 (H starts at I)
                 self.static_res = nn.Parameter(torch.full((n, n), -8.0).fill_diagonal_(0.0))
+            elif variant == "mhc_mixing":  # the E3 control: logits start at 0 (H starts at J, the mixing regime of E2)
+                self.static_res = nn.Parameter(torch.zeros(n, n))
             else:
                 kk = (n - 1) * (n - 2) // 2
                 self.static_U = nn.Parameter(torch.zeros(kk))
@@ -186,7 +199,7 @@ class HyperConnection(nn.Module):
                 self.scale_sigma = nn.Parameter(torch.tensor(0.01))
         self.scale_pre = nn.Parameter(torch.tensor(0.01))
         self.scale_post = nn.Parameter(torch.tensor(0.01))
-        if variant in ("hc", "mhc"):
+        if variant in ("hc", "mhc", "mhc_mixing"):
             self.scale_res = nn.Parameter(torch.tensor(0.01))
         self.keep = False
         self.last_H = None
@@ -196,7 +209,7 @@ class HyperConnection(nn.Module):
         n = self.n
         if self.variant == "hc":
             return self.static_res + self.scale_res * torch.tanh(r).unflatten(-1, (n, n))
-        if self.variant == "mhc":
+        if self.variant in ("mhc", "mhc_mixing"):
             return sinkhorn_log(self.static_res + self.scale_res * r.unflatten(-1, (n, n)), self.sk_iters)
         kk = (n - 1) * (n - 2) // 2
         r_U, r_V, r_s = r[..., :kk], r[..., kk:2 * kk], r[..., 2 * kk:]
@@ -224,8 +237,11 @@ class HyperConnection(nn.Module):
         H = self.res_matrix(r_res)
         if self.keep:
             self.last_H = H.detach()
-        y = branch((a_pre[..., None] * X).sum(-2))
-        return torch.einsum("...st,...sc->...tc", H, X) + b_post[..., None] * y[..., None, :]
+        # one contraction over the stream index gives the branch input a_pre^T X and the mix H^T X (fused, as
+        # the official code does): [a_pre | H] is (..., n, 1 + n)
+        mix = torch.einsum("...sk,...sc->...kc", torch.cat([a_pre[..., None], H], -1), X)
+        y = branch(mix[..., 0, :])
+        return mix[..., 1:, :] + b_post[..., None] * y[..., None, :]
 
 # %% ../nbs/30_shc.ipynb #9d248ae8
 def rotation_target(seed: int = 0) -> torch.Tensor:
@@ -310,6 +326,7 @@ def lm_diagnostics(model: HyperGPT, ids: torch.Tensor) -> dict:
     "Token-averaged per-sublayer H diagnostics, composite P and final stream cosine on one batch ids (b, t)."
     model.eval()
     model(ids, keep=True)
+    model.train()
     out = {"stream_cos": stream_cosine(model.last_streams)}
     if model.variant == "residual":
         return out
@@ -320,6 +337,7 @@ def lm_diagnostics(model: HyperGPT, ids: torch.Tensor) -> dict:
     out["neg_frac"] = [float((H < 0).double().mean()) for H in Hs]
     out["sigma2"] = [float(sigma2(H.mean((0, 1)))) for H in Hs]
     out["H_mean"] = [H.mean((0, 1)).numpy() for H in Hs]
+    out["H_tok"] = Hs
     P = compose(Hs)
     out["P_norm"] = float(torch.linalg.matrix_norm(P, 2).mean())
     out["P_sigma2"] = float(sigma2(P).mean())
@@ -365,10 +383,11 @@ class _Attention(nn.Module):
 class _MLP(nn.Module):
     "Pre-norm GELU MLP branch F(u) = W2 gelu(W1 RMSNorm(u))."
 
-    def __init__(self, d: int, ratio: int = 4):
+    def __init__(self, d: int, hidden: int | None = None):
         super().__init__()
+        hidden = hidden or 4 * d
         self.norm = nn.RMSNorm(d)
-        self.fc, self.proj = nn.Linear(d, ratio * d), nn.Linear(ratio * d, d)
+        self.fc, self.proj = nn.Linear(d, hidden), nn.Linear(hidden, d)
 
     def forward(self, u):
         return self.proj(F.gelu(self.fc(self.norm(u))))
@@ -378,7 +397,8 @@ class HyperGPT(nn.Module):
     "Pre-norm char GPT whose every sublayer sits inside a `HyperConnection` of one `variant` (tied embeddings, learned positions)."
 
     def __init__(self, vocab_size: int, *, variant: str = "shc", n_streams: int = 4, n_layer: int = 4,
-                 d_model: int = 64, n_heads: int = 4, max_len: int = 64, sk_iters: int = 20, sigma_bias: float = 4.0):
+                 d_model: int = 64, n_heads: int = 4, max_len: int = 64, sk_iters: int = 20, sigma_bias: float = 4.0,
+                 mlp_hidden: int | None = None):  # MLP width (default 4 d_model; widened for the matched residual)
         super().__init__()
         check_choice("variant", variant, VARIANTS)
         check_range("n_streams", n_streams, 1, 16)
@@ -390,7 +410,7 @@ class HyperGPT(nn.Module):
         self.branches = nn.ModuleList()
         for _ in range(n_layer):
             self.branches.append(_Attention(d_model, n_heads))
-            self.branches.append(_MLP(d_model))
+            self.branches.append(_MLP(d_model, mlp_hidden))
         self.norm_f = nn.RMSNorm(d_model)
         for m in self.modules():  # core weights first and identically for every variant (same seed, same draws)
             if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -416,6 +436,38 @@ class HyperGPT(nn.Module):
 
     def mixer_parameter_count(self) -> int:
         return sum(p.numel() for p in self.mixers.parameters())
+
+
+def matched_mlp_hidden(vocab_size: int, target_params: int, **arch) -> int:
+    "MLP width of the one-stream residual `HyperGPT` whose parameter count is closest to `target_params` (counts are linear in it)."
+    count = lambda h: sum(p.numel() for p in HyperGPT(vocab_size, variant="residual", mlp_hidden=h, **arch).parameters())
+    h0 = 4 * arch.get("d_model", 64)
+    base, per = count(h0), count(h0 + 1) - count(h0)
+    return max(1, round(h0 + (target_params - base) / per))
+
+
+def res_grad_norms(model: HyperGPT, ids: torch.Tensor) -> list[float]:
+    "Per sublayer: the gradient norm of the parameters that build H (static, scales and the dynamic W_res rows) on one batch."
+    model.zero_grad(set_to_none=True)
+    logits = model(ids[:, :-1])
+    F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+    out = []
+    for m in model.mixers:
+        if m.variant == "residual":
+            out.append(0.0)
+            continue
+        sq = 0.0
+        for name, p in m.named_parameters():
+            if p.grad is None:
+                continue
+            if name.startswith(("static_U", "static_V", "static_sigma", "static_res", "gamma_", "scale_U", "scale_V",
+                                "scale_sigma", "scale_res")):
+                sq += float(p.grad.double().square().sum())
+            elif name == "dynamic.weight":
+                sq += float(p.grad[2 * m.n:].double().square().sum())
+        out.append(math.sqrt(sq))
+    model.zero_grad(set_to_none=True)
+    return out
 
 # %% ../nbs/30_shc.ipynb #f34752fc
 def char_corpus(text: str, train_frac: float = 0.9):
@@ -454,15 +506,19 @@ def bits_per_char(model: nn.Module, batches: torch.Tensor) -> float:
 
 def train_char_lm(variant: str, cfg: SHCConfig, vocab_size: int, train_ids: torch.Tensor,
                   val_batches: torch.Tensor,  # (k, b, t+1) fixed validation windows
-                  diag_ids: torch.Tensor,  # (b, t) fixed batch for H diagnostics
-                  *, progress: bool = True) -> dict:
-    "Train one `HyperGPT` variant with AdamW + cosine through `fit`; return curves, grad norms and diagnostics."
+                  diag_ids: torch.Tensor,  # (b, t+1) fixed batch for H diagnostics and gradient checks
+                  *, mlp_hidden: int | None = None, progress: bool = True) -> dict:
+    "Train one `HyperGPT` variant with AdamW + cosine through `fit`; return curves, grad norms, diagnostics and budget."
     torch.manual_seed(cfg.seed)
     model = HyperGPT(vocab_size, variant=variant, n_streams=cfg.n_streams, n_layer=cfg.n_layer,
                      d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.seq_len, sk_iters=cfg.sk_iters,
-                     sigma_bias=cfg.sigma_bias)
+                     sigma_bias=cfg.sigma_bias, mlp_hidden=mlp_hidden)
     gen = torch.Generator().manual_seed(cfg.seed + 1)  # the same batches for every variant
     val_curve = []
+    H_init = None
+    if variant != "residual":
+        lm_diagnostics(model, diag_ids[:, :-1])
+        H_init = [m.last_H.double() for m in model.mixers]
 
     def loss_fn(step):
         x = sample_windows(train_ids, cfg.batch_size, cfg.seq_len + 1, gen)
@@ -485,12 +541,26 @@ def train_char_lm(variant: str, cfg: SHCConfig, vocab_size: int, train_ids: torc
     seconds = time.perf_counter() - t0
     grad_norms = hist.losses.get("grad_norm", [])
     finite = finite and all(math.isfinite(g) for g in grad_norms)
+    params = sum(p.numel() for p in model.parameters())
     out = {"variant": variant, "model": model, "train_nll": losses, "grad_norms": grad_norms,
            "val_curve": val_curve, "finite": finite, "error": err, "seconds": seconds,
-           "mixer_params": model.mixer_parameter_count(),
-           "params": sum(p.numel() for p in model.parameters())}
+           "mixer_params": model.mixer_parameter_count(), "params": params, "mlp_hidden": mlp_hidden or 4 * cfg.d_model}
     out["val_bpc"] = val_curve[-1][1] if (finite and val_curve) else float("nan")
-    out["diag"] = lm_diagnostics(model, diag_ids) if finite else {}
+    # the bits/char at (or just after) the middle of training: the parity test's sensitivity control
+    mid = [b for st, b in val_curve if st >= cfg.steps // 2]
+    out["val_bpc_half"] = mid[0] if mid else float("nan")
+    back = [b for st, b in val_curve if st <= cfg.steps - cfg.converge_window]
+    out["recent_gain"] = (back[-1] - out["val_bpc"]) if back else float("nan")  # val improvement over the last window
+    out["still_improving"] = bool(out["recent_gain"] > 0.02)
+    out["diag"] = lm_diagnostics(model, diag_ids[:, :-1]) if finite else {}
+    if H_init is not None and finite:
+        Hf = out["diag"]["H_tok"]
+        out["diag"]["departure"] = [float((a - b).flatten(-2).norm(dim=-1).mean()) for a, b in zip(Hf, H_init)]
+    out["res_grad"] = res_grad_norms(model, diag_ids) if finite else []
+    model.train()
+    out["budget"] = {"steps": cfg.steps, "tokens": cfg.steps * cfg.batch_size * cfg.seq_len, "params": params,
+                     "wall_s": round(seconds, 1), "stop": "fixed steps, the same for every variant",
+                     "val_gain_last_window": out["recent_gain"], "still_improving": out["still_improving"]}
     return out
 
 # %% ../nbs/30_shc.ipynb #57fb7617

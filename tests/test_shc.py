@@ -9,8 +9,8 @@ import torch
 
 from genlab.core import ParameterError, resolve
 from genlab.shc import (PRESETS, HyperConnection, HyperGPT, amax, birkhoff_floor, cayley, compose,
-                        draw_residual_matrices, helmert_basis, offdiag_mass, shc_matrix, sigma2, sinkhorn_log,
-                        skew, small_inv)
+                        draw_residual_matrices, helmert_basis, matched_mlp_hidden, offdiag_mass, res_grad_norms,
+                        shc_matrix, sigma2, sinkhorn_log, skew, small_inv)
 
 torch.set_num_threads(1)
 D = torch.float64
@@ -167,7 +167,7 @@ def test_depth_families():
 
 
 def test_hypergpt_variants_and_streams():
-    for v in ("residual", "hc", "mhc", "shc"):
+    for v in ("residual", "hc", "mhc", "mhc_mixing", "shc"):
         for n in (1, 2, 4):
             torch.manual_seed(0)
             m = HyperGPT(11, variant=v, n_streams=n, n_layer=2, d_model=16, n_heads=2, max_len=8)
@@ -190,9 +190,68 @@ def test_bad_input_names_the_allowed_values():
         resolve(PRESETS, "smoke", n_layer=0)
     with pytest.raises(ParameterError, match="e2_layers"):
         resolve(PRESETS, "smoke", e2_layers=0)
-    with pytest.raises(ParameterError, match="'residual', 'hc', 'mhc', 'shc'"):
+    with pytest.raises(ParameterError, match="'residual', 'hc', 'mhc', 'mhc_mixing', 'shc'"):
         resolve(PRESETS, "smoke", variants=("shc", "dshc"))
     with pytest.raises(ParameterError, match="n_layer"):
         HyperGPT(11, variant="shc", n_layer=0)
     with pytest.raises(ParameterError, match="unknown preset"):
         resolve(PRESETS, "huge")
+
+
+def _perturbed(variant, n=4, C=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m = HyperConnection(n, C, variant, layer_index=1)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return m
+
+
+@pytest.mark.parametrize("variant", ["hc", "mhc", "mhc_mixing", "shc"])
+def test_fused_forward_equals_the_two_step_formulation(variant):
+    "The one-einsum forward ([a_pre | H] contracted with X) equals a_pre^T X into the branch and H^T X + b y, values and gradients."
+    m = _perturbed(variant)
+    lin = torch.nn.Linear(8, 8)
+    X = torch.randn(2, 5, 4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    out = m(X, lin)
+    gx, = torch.autograd.grad(out.square().sum(), X)
+    # two-step reference from the module's own coefficients
+    v = X.flatten(-2)
+    xbar = torch.nn.functional.normalize(v, dim=-1, eps=1e-6) * math.sqrt(v.shape[-1]) * (1 + m.norm_gain)
+    r = m.dynamic(xbar)
+    if variant == "hc":
+        a = m.static_pre + m.scale_pre * torch.tanh(r[..., :4]); b = m.static_post + m.scale_post * torch.tanh(r[..., 4:8])
+    else:
+        a = torch.sigmoid(m.scale_pre * r[..., :4] + m.static_pre); b = 2 * torch.sigmoid(m.scale_post * r[..., 4:8] + m.static_post)
+    H = m.res_matrix(r[..., 8:])
+    ref = torch.einsum("...st,...sc->...tc", H, X) + b[..., None] * lin((a[..., None] * X).sum(-2))[..., None, :]
+    gref, = torch.autograd.grad(ref.square().sum(), X)
+    assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(gx, gref, atol=1e-4)
+
+
+def test_mhc_mixing_control_starts_at_J_and_mhc_at_I():
+    J = torch.full((4, 4), 0.25)
+    assert torch.allclose(HyperConnection(4, 8, "mhc_mixing").res_matrix(torch.zeros(16)), J, atol=1e-6)
+    assert torch.allclose(HyperConnection(4, 8, "mhc").res_matrix(torch.zeros(16)), torch.eye(4), atol=2e-3)
+
+
+def test_residual_baseline_is_parameter_matched():
+    arch = dict(n_layer=2, d_model=16, n_heads=2, max_len=8)
+    target = sum(p.numel() for p in HyperGPT(11, variant="shc", n_streams=4, **arch).parameters())
+    h = matched_mlp_hidden(11, target, **arch)
+    got = sum(p.numel() for p in HyperGPT(11, variant="residual", mlp_hidden=h, **arch).parameters())
+    assert h > 4 * 16 and abs(got / target - 1) <= 0.02
+
+
+def test_first_and_last_sublayers_get_no_gradient_on_H_in_shc():
+    "Identical input streams with unit column sums, and the output sum with unit row sums, remove H: zero gradient."
+    torch.manual_seed(0)
+    m = HyperGPT(11, variant="shc", n_streams=4, n_layer=2, d_model=16, n_heads=2, max_len=8)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # move away from the identity init so every sublayer is generic
+        for mix in m.mixers:
+            mix.static_U.add_(torch.randn(mix.static_U.shape, generator=g))
+            mix.dynamic.weight.add_(0.05 * torch.randn(mix.dynamic.weight.shape, generator=g))
+    gn = res_grad_norms(m, torch.randint(0, 11, (4, 9), generator=g))
+    inner = max(gn[1:-1])
+    assert inner > 1e-5 and gn[0] < 1e-4 * inner and gn[-1] < 1e-4 * inner, gn

@@ -4,6 +4,11 @@
    through `genlab.flow_matching.train_cfm` against a bare torch loop on the same pre-drawn data.
 2. papermill: kernel start to first cell, and 4 independent runs on 1 vs 2 local workers.
 3. lm (SmolLM2-135M): load from the cache, greedy tokens/s at batch 1 and batch 8 with and without a capture hook.
+4. shc: forward + backward of one sHC hyper-connection sublayer (8 x 256 tokens, C = 64, n = 4, float32) for
+   genlab's module, a fused-einsum reference of the same computation written the way the official code is
+   (separate coefficient projections, `torch.linalg.solve` Cayley maps, one einsum for the pre-weights and the
+   residual mix) and the two-step formulation (branch input and H^T X as separate contractions); outputs and
+   gradients are checked identical first.
 """
 import contextlib
 import os
@@ -155,8 +160,108 @@ def bench_lm(new_tokens=32, repeats=5):
 bench_smollm2 = bench_lm   # the old section name
 
 
+def bench_shc(batch=8, tokens=256, C=64, n=4, repeats=40):
+    import math
+    import torch.nn.functional as F
+    from genlab.shc import HyperConnection
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    hc = HyperConnection(n, C, "shc", 1)
+    with torch.no_grad():                       # a generic point, away from the identity init
+        for p in hc.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    lin = torch.nn.Linear(C, C)
+    X = torch.randn(batch, tokens, n, C, generator=g, requires_grad=True)
+    W = hc.dynamic.weight.detach()
+    ref = {"pre": torch.nn.Linear(n * C, n, bias=False), "post": torch.nn.Linear(n * C, n, bias=False),
+           "res": torch.nn.Linear(n * C, (n - 1) ** 2, bias=False)}
+    with torch.no_grad():
+        ref["pre"].weight.copy_(W[:n]); ref["post"].weight.copy_(W[n:2 * n]); ref["res"].weight.copy_(W[2 * n:])
+    m, k = n - 1, (n - 1) * (n - 2) // 2
+    iu = torch.triu_indices(m, m, 1)
+    U64 = torch.zeros(n, m, dtype=torch.float64)   # the Helmert basis, built in float64
+    for i in range(1, n):
+        U64[:i, i - 1] = 1 / math.sqrt(i * (i + 1)); U64[i, i - 1] = -i / math.sqrt(i * (i + 1))
+    I64 = torch.eye(m, dtype=torch.float64)
+    U, I = U64.float(), I64.float()
+
+    def coefficients(Xs, dyn):
+        v = Xs.flatten(-2)
+        xbar = F.normalize(v, dim=-1, eps=1e-6) * math.sqrt(v.shape[-1]) * (1 + hc.norm_gain)
+        return dyn(xbar)
+
+    def reference_fused(Xs):
+        v = Xs.flatten(-2)
+        xbar = F.normalize(v, dim=-1, eps=1e-6) * math.sqrt(v.shape[-1]) * (1 + hc.norm_gain)
+        a = torch.sigmoid(hc.scale_pre * ref["pre"](xbar) + hc.static_pre)
+        b = 2 * torch.sigmoid(hc.scale_post * ref["post"](xbar) + hc.static_post)
+        r = ref["res"](xbar)
+        zU = hc.gamma_U * torch.tanh(hc.scale_U * r[..., :k] + hc.static_U)
+        zV = hc.gamma_V * torch.tanh(hc.scale_V * r[..., k:2 * k] + hc.static_V)
+        sig = torch.tanh(hc.scale_sigma * r[..., 2 * k:] + hc.static_sigma)
+        AU = zU.new_zeros(*zU.shape[:-1], m, m); AU[..., iu[0], iu[1]] = zU; AU = AU - AU.transpose(-1, -2)
+        AV = zV.new_zeros(*zV.shape[:-1], m, m); AV[..., iu[0], iu[1]] = zV; AV = AV - AV.transpose(-1, -2)
+        QU, QV = torch.linalg.solve(I + AU, I - AU), torch.linalg.solve(I + AV, I - AV)
+        H = 1.0 / n + U @ (QU @ (sig[..., :, None] * QV.transpose(-1, -2))) @ U.T
+        mix = torch.einsum("...sk,...sc->...kc", torch.cat([a[..., None], H], -1), Xs)
+        return mix[..., 1:, :] + b[..., None] * lin(mix[..., 0, :])[..., None, :]
+
+    def two_step(Xs):
+        r = coefficients(Xs, hc.dynamic)
+        a = torch.sigmoid(hc.scale_pre * r[..., :n] + hc.static_pre)
+        b = 2 * torch.sigmoid(hc.scale_post * r[..., n:2 * n] + hc.static_post)
+        H = hc.res_matrix(r[..., 2 * n:])
+        y = lin((a[..., None] * Xs).sum(-2))
+        return torch.einsum("...st,...sc->...tc", H, Xs) + b[..., None] * y[..., None, :]
+
+    impls = {"genlab HyperConnection": lambda Xs: hc(Xs, lin), "fused-einsum reference": reference_fused,
+             "two-step (separate contractions)": two_step}
+    outs = {}
+    for name, f in impls.items():
+        y = f(X)
+        gx, = torch.autograd.grad(y.square().sum(), X)
+        outs[name] = (y.detach(), gx)
+    y0, g0 = outs["genlab HyperConnection"]
+    print("float32 (the inverse differs: closed-form adjugate in genlab, LU solve in the reference):")
+    for name, (y, gx) in outs.items():
+        print(f"  {name:34s} max |out − genlab| {float((y - y0).abs().max()):.1e}, "
+              f"max |grad − genlab| / max |grad| {float((gx - g0).abs().max() / g0.abs().max()):.1e}")
+    # the same three in float64: identical up to rounding
+    for mod in (hc, lin, *ref.values()):
+        mod.double()
+    X64 = X.detach().double().requires_grad_()
+    U, I = U64, I64
+    o64 = {}
+    for name, f in impls.items():
+        y = f(X64)
+        gx, = torch.autograd.grad(y.square().sum(), X64)
+        o64[name] = (y.detach(), gx)
+    print("float64:")
+    for name, (y, gx) in o64.items():
+        print(f"  {name:34s} max |out − genlab| {float((y - o64['genlab HyperConnection'][0]).abs().max()):.1e}, "
+              f"max |grad − genlab| {float((gx - o64['genlab HyperConnection'][1]).abs().max()):.1e}")
+    for mod in (hc, lin, *ref.values()):
+        mod.float()
+    U, I = U64.float(), I64.float()
+    times = {name: [] for name in impls}
+    for _ in range(repeats):                    # interleaved rounds: load on a shared machine hits all alike
+        for name, f in impls.items():
+            t0 = time.perf_counter()
+            f(X).square().sum().backward()
+            times[name].append(time.perf_counter() - t0)
+            X.grad = None; hc.zero_grad(set_to_none=True); lin.zero_grad(set_to_none=True)
+            for mod in ref.values():
+                mod.zero_grad(set_to_none=True)
+    base = statistics.median(times["fused-einsum reference"])
+    print(f"shc sublayer forward+backward, {batch}x{tokens} tokens, C = {C}, n = {n}, 1 thread, median of {repeats}:")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"  {name:34s} {1000 * med:7.2f} ms  ({med / base:.2f}x the fused reference)")
+
+
 if __name__ == "__main__":
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, torch {torch.__version__}, {os.cpu_count()} cores")
-    which = sys.argv[1:] or ["fit", "cfm", "papermill", "lm"]
+    which = sys.argv[1:] or ["fit", "cfm", "papermill", "lm", "shc"]
     for w in which:
-        {"fit": bench_fit, "cfm": bench_cfm, "papermill": bench_papermill, "lm": bench_lm, "smollm2": bench_lm}[w]()
+        {"fit": bench_fit, "cfm": bench_cfm, "papermill": bench_papermill, "lm": bench_lm, "smollm2": bench_lm,
+         "shc": bench_shc}[w]()
