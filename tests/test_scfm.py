@@ -279,7 +279,7 @@ def test_trunk_parameters_are_the_shared_layers():
 
 def test_2d_harness_on_a_50_step_toy_run():
     """run_2d trains SCFM, its controls and B1 with the stopping rule and returns every metric the notebook records."""
-    cfg = SCFMConfig(max_steps_2d=50, pretrain_steps=5, eval_every_2d=20, n_eval=100, nfes=(1, 2), hidden_2d=16)
+    cfg = SCFMConfig(max_steps_2d=50, max_steps_c6=50, pretrain_steps=5, eval_every_2d=20, n_eval=100, nfes=(1, 2), hidden_2d=16)
     d = make_ring_data(0, n_train=300, n_val=100, n_test=100)
     r = run_2d(cfg, d, 0, variants=("scfm", "indep", "c6"))
     assert set(r["eval"]) == {"scfm", "indep", "c6", "b1"} and set(r["eval"]["scfm"]["fid"]) == {0, 1, 2}
