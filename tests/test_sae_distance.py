@@ -1,0 +1,170 @@
+"Unit tests for genlab.sae_distance with independent oracles (POT, closed forms, brute force, scipy, sklearn)."
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from genlab.core import ParameterError, resolve
+from genlab import sae_distance as sd
+
+
+def test_wasserstein_matches_pot_and_brute_force():
+    import ot
+    rng = np.random.default_rng(0)
+    U, V = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+    w = np.full(5, 0.2)
+    C = ot.dist(U, V)
+    brute = min(np.mean([C[i, p[i]] for i in range(5)]) for p in itertools.permutations(range(5)))
+    assert math.isclose(sd.wasserstein(U, w, V, w) ** 2, brute, rel_tol=1e-9)
+    wu, wv = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))
+    assert math.isclose(sd.wasserstein(U, wu, V, wv), math.sqrt(ot.emd2(wu, wv, C)), rel_tol=1e-9)
+
+
+def test_wasserstein_gaussian_closed_form_1d():
+    from scipy.stats import norm
+    n = 400
+    q = (np.arange(n) + 0.5) / n
+    m1, s1, m2, s2 = 0.3, 1.0, -1.2, 2.5
+    U, V = norm.ppf(q, m1, s1)[:, None], norm.ppf(q, m2, s2)[:, None]
+    w = np.full(n, 1 / n)
+    exact = math.sqrt((m1 - m2) ** 2 + (s1 - s2) ** 2)
+    assert abs(sd.wasserstein(U, w, V, w) - exact) < 0.02 * exact
+
+
+def test_wasserstein_gaussian_closed_form_translation_nd():
+    rng = np.random.default_rng(1)
+    U = rng.normal(size=(60, 4)); shift = np.array([0.5, -1.0, 0.0, 2.0])
+    w = rng.dirichlet(np.ones(60))
+    assert math.isclose(sd.wasserstein(U, w, U + shift, w), np.linalg.norm(shift), rel_tol=1e-7)
+
+
+def test_metric_properties_and_invariance():
+    p = sd.property_checks(3, n_triples=20, n_noise=5)
+    assert p["identity"] < 1e-9 and p["asym"] < 1e-9 and p["triangle_max_violation"] <= 1e-6
+    assert p["rescale_max_change"] < 1e-9 and p["p1_same_tokens"] < 1e-6
+    assert p["noise_change_over_bound_max"] <= 1.0 and p["tail_change"] <= p["tail_bound"]
+
+
+def test_feature_support_scale_invariant_and_capped():
+    a = np.random.default_rng(2).gamma(1.0, size=100) * (np.random.default_rng(3).random(100) < 0.5)
+    i1, w1 = sd.feature_support(a, 10)
+    for c in (0.01, 7.0, 1e3):
+        i2, w2 = sd.feature_support(c * a, 10)
+        assert np.array_equal(i1, i2) and np.allclose(w1, w2)
+    assert len(i1) == 10 and np.isclose(w1.sum(), 1) and set(i1) == set(np.argsort(-a)[:10])
+    assert sd.feature_support(a, 10, n_min=1000) is None
+
+
+def test_sinkhorn_close_to_exact():
+    rng = np.random.default_rng(4)
+    U, V = rng.normal(size=(80, 4)), rng.normal(size=(80, 4)) + 1.0
+    w = np.full(80, 1 / 80)
+    ex, sk = sd.wasserstein(U, w, V, w), sd.wasserstein(U, w, V, w, solver="sinkhorn")
+    assert abs(sk - ex) / ex < 0.1
+
+
+def test_first_moment_lower_bound():
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        U, V = rng.normal(size=(20, 3)), rng.normal(size=(15, 3)) * 2
+        wu, wv = rng.dirichlet(np.ones(20)), rng.dirichlet(np.ones(15))
+        assert sd.first_moment(U, wu, V, wv) <= sd.wasserstein(U, wu, V, wv) + 1e-9
+
+
+def test_cosine_cost():
+    U = np.array([[1.0, 0.0]]); V = np.array([[0.0, 2.0]])
+    assert math.isclose(sd.wasserstein(U, [1.0], V, [1.0], cost="cosine"), 1.0)
+    with pytest.raises(ParameterError):
+        sd.ground_cost(U, V, "manhattan")
+
+
+def test_match_rules_against_brute_force():
+    rng = np.random.default_rng(6)
+    D = rng.random((5, 5))
+    h = sd.match(D, "hungarian")
+    best = min(itertools.permutations(range(5)), key=lambda p: sum(D[i, p[i]] for i in range(5)))
+    assert list(h) == list(best)
+    assert np.array_equal(sd.match(D), D.argmin(1))
+    assert np.array_equal(sd.match(-D, higher_is_closer=True), D.argmin(1))
+    t = sd.match(D, "threshold")
+    cut = np.percentile(D, 10)
+    assert all((t[i] == -1) == (D[i].min() > cut) for i in range(5))
+    with pytest.raises(ParameterError):
+        sd.match(D, "greedy")
+
+
+def test_pearson_and_decoder_cosine():
+    rng = np.random.default_rng(7)
+    A, B = rng.normal(size=(50, 3)), rng.normal(size=(50, 4))
+    R = sd.pearson_matrix(A, B)
+    ref = np.corrcoef(np.hstack([A, B]).T)[:3, 3:]
+    assert np.allclose(R, ref)
+    Dc = sd.decoder_cosine(A.T, B.T)
+    assert np.allclose(Dc[0, 1], A[:, 0] @ B[:, 1] / np.linalg.norm(A[:, 0]) / np.linalg.norm(B[:, 1]))
+
+
+def test_auroc_matrix_matches_sklearn():
+    from sklearn.metrics import roc_auc_score
+    rng = np.random.default_rng(8)
+    Z = np.maximum(rng.normal(size=(200, 4)), 0)  # ties at zero
+    C = rng.random((200, 3)) < 0.3
+    A = sd.auroc_matrix(Z, C)
+    for f in range(4):
+        for c in range(3):
+            assert math.isclose(A[f, c], roc_auc_score(C[:, c], Z[:, f]), rel_tol=1e-9)
+
+
+def test_topk_jaccard_and_histogram_cosine():
+    A = np.array([[3.0, 0.0], [2.0, 1.0], [0.0, 2.0], [1.0, 3.0]])
+    J = sd.topk_jaccard(A, A, k=2)
+    assert math.isclose(J[0, 0], 1.0) and math.isclose(J[0, 1], 0.0)  # {0,1} vs {3,2}
+    H = sd.histogram_cosine([np.array([1, 1, 2])], [np.array([1, 2, 2])], vocab=4)
+    assert math.isclose(H[0, 0], (2 * 1 + 1 * 2) / 5)
+
+
+def test_supernodes_recover_clusters_and_cut():
+    rng = np.random.default_rng(9)
+    pts = np.concatenate([rng.normal(c, 0.05, size=(4, 2)) for c in ((0, 0), (5, 0), (0, 5), (5, 5))])
+    D = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
+    sn = sd.supernodes(D)
+    from sklearn.metrics import adjusted_rand_score
+    assert sn["n_clusters"] == 4 and adjusted_rand_score(np.repeat(np.arange(4), 4), sn["labels"]) == 1.0
+    assert sd.supernodes(D, n_clusters=2)["n_clusters"] == 2
+    assert sd.supernodes(np.ones((5, 5)) - np.eye(5))["n_clusters"] >= 2  # flat dendrogram: still >= 2 clusters
+
+
+def test_topk_sae_sparsity_and_decoder_norm():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(500, 6, generator=g)
+    sae, hist = sd.train_sae(X, 12, 2, steps=50, generator=g)
+    Z = sd.sae_codes(sae, X)
+    assert int((Z > 0).sum(1).max()) <= 2 and (Z >= 0).all()
+    assert torch.allclose(sae.W_dec.norm(dim=1), torch.ones(12), atol=1e-5)
+    assert sae.encode(X[:4, None].expand(4, 3, 6)).shape == (4, 3, 12)
+
+
+def test_planted_twins_and_addition_data():
+    g = torch.Generator().manual_seed(0)
+    L = sd.planted_layers(6, 100, 16, twins=2, rho=0.9, generator=g)
+    G = L["G"]
+    assert math.isclose(float(G[:, 0] @ G[:, 1]), 0.9, abs_tol=1e-5) and math.isclose(float(G[:, 2] @ G[:, 3]), 0.9, abs_tol=1e-5)
+    seq, conc, tr, te = sd.addition_data(g)
+    assert seq.shape == (10000, 9) and len(tr) == 8000 and len(te) == 2000
+    a = seq[:, 0] * 10 + seq[:, 1]; b = seq[:, 3] * 10 + seq[:, 4]; s = seq[:, 6] * 100 + seq[:, 7] * 10 + seq[:, 8]
+    assert torch.equal(a + b, s) and torch.equal(conc["carry"], ((seq[:, 1] + seq[:, 4]) >= 10).long())
+
+
+def test_bad_input_errors():
+    P = sd.PRESETS
+    with pytest.raises(ParameterError, match="c_layers"):
+        resolve(P, "full", c_layers=(6, 9, 30))
+    with pytest.raises(ParameterError, match="c_sae_latents"):
+        resolve(P, "full", c_sae_latents=512)
+    with pytest.raises(ParameterError, match="parts"):
+        resolve(P, "full", parts="A,Z")
+    with pytest.raises(ParameterError):
+        resolve(P, "nonexistent")
+    with pytest.raises(ParameterError):
+        sd.wasserstein(np.zeros((2, 1)), [0.5, 0.5], np.ones((2, 1)), [0.5, 0.5], solver="lp")
