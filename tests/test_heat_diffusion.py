@@ -10,10 +10,12 @@ import torch
 from torch import nn
 
 from genlab.core import ParameterError, resolve
-from genlab.heat_diffusion import (PRESETS, GCNDenoiser, MLPDenoiser, analytic_corr, check_laplacian,
-                                   community_gap, euler_maruyama, grid_adjacency, heat_loss, heat_process,
-                                   laplacian, matched_sigma2, rayleigh_quotient, sample_ancestral, sample_ode,
-                                   sbm_graph, sbm_signals, spectral_power, spectral_power_error)
+from genlab.heat_diffusion import (PRESETS, PCAFD, FixedPairs, GaussianDenoiser, GCNDenoiser, MLPDenoiser, ResidualDenoiser,
+                                   SnappedTSampler, TSampler,
+                                   analytic_corr, check_laplacian, community_gap, denoising_error, digits_splits,
+                                   empirical_corr, euler_maruyama, grid_adjacency, heat_loss, heat_process, laplacian,
+                                   log_snr, matched_sigma2, rayleigh_quotient, sample_ancestral, sample_ode, sbm_graph,
+                                   sbm_signals, spectral_power, spectral_power_error, train_denoiser)
 
 torch.set_num_threads(1)
 
@@ -225,10 +227,15 @@ def test_bad_input_raises():
         heat_process(L, 0.5, -1.0)
     for kw, name in [(dict(gamma=-0.1), "gamma"), (dict(sigma=-1.0), "sigma"), (dict(n_steps=1), "n_steps"),
                      (dict(n_steps=5000), "n_steps"), (dict(sampler="sde"), "sampler"),
-                     (dict(laplacian_kind="random"), "laplacian_kind"), (dict(rho=0.0), "rho")]:
+                     (dict(laplacian_kind="random"), "laplacian_kind"), (dict(rho=0.0), "rho"),
+                     (dict(t_sampling="cosine"), "t_sampling"), (dict(section="e3"), "section"),
+                     (dict(n_steps=7), "n_steps"), (dict(dstar_steps=(5, 10)), "dstar_steps"),
+                     (dict(eval_steps=(1, 20)), "eval_steps"), (dict(min_rel_delta=2.0), "min_rel_delta")]:
         with pytest.raises(ParameterError, match=name):
             resolve(PRESETS, "smoke", **kw)
-    assert resolve(PRESETS, "full").train_steps == 5000
+    full = resolve(PRESETS, "full")
+    assert full.train_steps == 5000 and full.t_sampling == "logsnr" and set(full.sections) == {"closed_form", "e1", "e2", "decoder"}
+    assert resolve(PRESETS, "full", section="e1").section == "e1"
 
 
 def test_networks_shapes_and_loss_gradient(grid):
@@ -251,3 +258,165 @@ def test_sbm_signals_structure():
     g = community_gap(x, blocks)
     assert 0.4 < float((g > 0).float().mean()) < 0.6
     assert abs(float(g.abs().mean()) - 2.0) < 0.3  # bimodal at about ±2μ
+
+
+def test_logsnr_monotone_and_uniform_on_its_range(grid):
+    L, hp = grid
+    var = 0.3 / (1 + hp.lam)
+    ts = TSampler(hp, var, "logsnr")
+    lam = log_snr(hp, var, ts.tt)
+    assert torch.all(lam[1:] > lam[:-1])
+    t = ts(10_000, torch.Generator().manual_seed(0))
+    assert float(t.min()) >= 0 and float(t.max()) <= 1 - 1e-3 + 1e-12
+    u = (log_snr(hp, var, t) - lam[0]) / (lam[-1] - lam[0])  # the sampled λ, rescaled to [0, 1]
+    import scipy.stats
+    assert scipy.stats.kstest(u.numpy(), "uniform").pvalue > 0.01
+    # the rule 'uniform' is t ~ U[0, 1]
+    tu = TSampler(hp, var, "uniform")(10_000, torch.Generator().manual_seed(1))
+    assert scipy.stats.kstest(tu.numpy(), "uniform").pvalue > 0.01
+    with pytest.raises(ParameterError, match="t_sampling"):
+        TSampler(hp, var, "cosine")
+
+
+def test_logsnr_with_equal_rates_is_the_same_map_for_any_horizon():
+    "All κ equal: λ depends on s alone, so λ → s(t(λ)) is one map whatever S is."
+    var = torch.full((16,), 0.4, dtype=torch.float64)
+    a = heat_process(torch.zeros(16, 16, dtype=torch.float64), 1.0, 0.4, S=4.0)
+    b = heat_process(torch.zeros(16, 16, dtype=torch.float64), 1.0, 0.4, S=9.0)
+    ta, tb = TSampler(a, var), TSampler(b, var)
+    lam = torch.linspace(max(ta.lam[0], tb.lam[0]) + 0.1, min(ta.lam[-1], tb.lam[-1]) - 0.1, 50, dtype=torch.float64)
+    sa, sb = a.s(ta.t_of_lambda(lam)), b.s(tb.t_of_lambda(lam))
+    assert torch.allclose(sa, sb, rtol=2e-3, atol=1e-6)
+    # and the closed form of the scalar OU: λ = log(e^{-2s} v / (σ²(1 - e^{-2s})))
+    closed = torch.log(torch.exp(-2 * sa) * 0.4 / (0.4 * -torch.expm1(-2 * sa)))
+    assert torch.allclose(closed, lam, atol=1e-2)
+
+
+def test_exact_gaussian_denoiser_is_the_regression_of_x1_on_xt(grid):
+    _, hp = grid
+    g = torch.Generator().manual_seed(7)
+    B = torch.randn(64, 64, generator=g, dtype=torch.float64) / 8
+    C = B @ B.T + 0.05 * torch.eye(64, dtype=torch.float64)
+    mu = torch.linspace(-0.5, 0.5, 64, dtype=torch.float64)
+    D = GaussianDenoiser(hp, mu, C, ridge=0.0)
+    n = 100_000
+    x1 = mu + torch.randn(n, 64, generator=g, dtype=torch.float64) @ torch.linalg.cholesky(C).T
+    for t in (0.3, 0.7, 0.9):
+        tt = torch.full((n,), t, dtype=torch.float64)
+        xt, _ = hp.sample_xt(x1, tt, g)
+        X = torch.cat([xt, torch.ones(n, 1, dtype=torch.float64)], 1)
+        coef = torch.linalg.lstsq(X, x1).solution  # Monte-Carlo regression E[X_1 | X_t]
+        probe, _ = hp.sample_xt(x1[:2000], tt[:2000], g)
+        pred_mc = torch.cat([probe, torch.ones(2000, 1, dtype=torch.float64)], 1) @ coef
+        pred = D(probe, tt[:2000])
+        rel = float(torch.linalg.norm(pred - pred_mc) / torch.linalg.norm(pred - mu))
+        if t >= 0.7:  # where X_t carries the signal, the regression pins E[X_1 | X_t] to well under 2%
+            assert rel <= 0.02, (t, rel)
+        # everywhere, the exact posterior mean is at least as good on fresh pairs as the fitted regression
+        assert float(((pred - x1[:2000]) ** 2).mean()) <= float(((pred_mc - x1[:2000]) ** 2).mean()) + 1e-9
+    x = torch.randn(5, 64, dtype=torch.float64)
+    assert torch.allclose(D(x, torch.ones(5, dtype=torch.float64)), x, atol=1e-8)
+    # a mixed batch of t values is handled per value
+    tm = torch.tensor([0.3, 0.7, 0.3, 1.0, 0.7], dtype=torch.float64)
+    mixed = D(x, tm)
+    for i in range(5):
+        assert torch.allclose(mixed[i], D(x[i:i + 1], tm[i:i + 1])[0], atol=1e-10)
+    draws = GaussianDenoiser(hp, mu, C, ridge=0.0).sample(20_000, torch.Generator().manual_seed(8)).double()
+    assert rel_fro(np.cov(draws.numpy().T), C.numpy()) < 0.05
+
+
+def test_exact_denoiser_in_the_samplers_and_its_error_curve(grid):
+    _, hp = grid
+    var = 0.2 / (1 + hp.lam)
+    m = torch.zeros(64, dtype=torch.float64)
+    C = hp.U @ torch.diag(var) @ hp.U.T
+    D = GaussianDenoiser(hp, m, C, ridge=0.0)
+    x = sample_ode(hp, D, 4000, 200, torch.Generator().manual_seed(9))
+    assert float((spectral_power(x, hp.U) / var - 1).abs().mean()) < 0.08
+    x1 = D.sample(500, torch.Generator().manual_seed(10))
+    t = torch.tensor([0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+    err = denoising_error(hp, D, x1, t, generator=torch.Generator().manual_seed(11))
+    assert torch.all(err[1:] <= err[:-1] + 1e-9) and float(err[-1]) < 1e-10
+    # D*'s error is the posterior variance: the exact per-mode value for a diagonal spectral covariance
+    a, b = hp.coeffs(t[1])
+    post = var * b ** 2 / (a ** 2 * var + b ** 2)
+    assert abs(float(err[1]) - float(post.mean())) < 0.05 * float(post.mean())
+
+
+def test_fixed_pairs_and_training_with_stopping_keeps_the_best(grid):
+    _, hp = grid
+    g = torch.Generator().manual_seed(12)
+    data = (0.3 * torch.randn(600, 64, generator=g)).float()
+    var = spectral_power(data, hp.U)
+    ts = TSampler(hp, var)
+    val = FixedPairs(hp, data[:100], 300, ts, torch.Generator().manual_seed(13))
+    torch.manual_seed(0)
+    m = MLPDenoiser(64, 32, 2)
+    assert val(m) == val(m)  # a fixed draw: the same number at every evaluation
+    tr = train_denoiser(hp, m, data[100:], steps=300, batch_size=64, generator=g, t_sampler=ts, val=val,
+                        val_every=50, patience=2, min_rel_delta=0.02, ckpt_every=25, progress=False)
+    mon = tr.monitor
+    assert len(mon.values) >= 2 and abs(val(m) - min(mon.values)) < 1e-6  # the lowest held-out loss is kept
+    assert tr.best_value == min(mon.values) and tr.best_step == mon.steps[int(np.argmin(mon.values))]
+    assert set(tr.checkpoints) == {25, 50, 75}  # the first quarter of 300 steps
+    early = tr.early(0.1)
+    assert early.checkpoint_step == min(tr.checkpoints, key=lambda k: abs(k - 0.1 * tr.stop_step))
+    assert val(early) > val(m)
+    if mon.stopped:
+        assert tr.stop_step < 300 and not tr.still_improving()
+
+
+def test_digits_splits_are_stratified_disjoint_and_sized():
+    sp = digits_splits()
+    assert {k: len(v[0]) for k, v in sp.items()} == {"train": 1350, "val": 150, "test": 297}
+    rows = {k: {tuple(r) for r in v[0].numpy().round(4).tolist()} for k, v in sp.items()}
+    assert float(sp["train"][0].min()) >= -1 and float(sp["train"][0].max()) <= 1
+    counts = np.bincount(sp["test"][1].numpy(), minlength=10)
+    assert counts.min() >= 28 and counts.max() <= 31  # stratified: about 29.7 per class
+    x_all = torch.cat([v[0] for v in sp.values()])
+    assert len(x_all) == 1797
+    assert sp["train"][0].shape[1] == 64
+
+
+def test_pca_frechet_distance_against_a_direct_computation():
+    g = torch.Generator().manual_seed(14)
+    a = torch.randn(3000, 10, generator=g, dtype=torch.float64)
+    b = torch.randn(3000, 10, generator=g, dtype=torch.float64) * 1.5 + 0.3
+    fd = PCAFD(a, a, n_components=10)
+    assert fd(a) < 1e-8
+    # with all components kept the PCA is a rotation (+ shift): FD is that of the raw Gaussians
+    ma, mb = a.mean(0).numpy(), b.mean(0).numpy()
+    Ca, Cb = np.cov(a.numpy().T), np.cov(b.numpy().T)
+    s = scipy.linalg.sqrtm(Ca @ Cb).real
+    direct = float(((ma - mb) ** 2).sum() + np.trace(Ca + Cb - 2 * s))
+    assert abs(fd(b) - direct) < 1e-3 * direct
+
+
+def test_empirical_corr_matches_analytic(grid):
+    _, hp = grid
+    g = torch.Generator().manual_seed(15)
+    var = 0.2 / (1 + hp.lam)
+    x1 = (torch.randn(20000, 64, generator=g, dtype=torch.float64) * var.sqrt()) @ hp.U.T
+    ce = empirical_corr(hp, x1, 0.5, hp.U, g)
+    ca = analytic_corr(hp, var, torch.tensor(0.5, dtype=torch.float64))
+    assert float((ce - ca).abs().max()) < 0.03
+
+
+def test_residual_denoiser_skip_is_exact_on_the_tabulated_grid(grid):
+    _, hp = grid
+    g = torch.Generator().manual_seed(16)
+    x = (0.4 * torch.randn(400, 64, generator=g)).float()
+    D = GaussianDenoiser.fit(hp, x)
+    tgrid = torch.linspace(0, 1 - 1e-3, 101, dtype=torch.float64)
+    ts = SnappedTSampler(TSampler(hp, spectral_power(x, hp.U)), tgrid)
+    t = ts(64, g)
+    assert bool(torch.isin(t, tgrid).all())
+    R = ResidualDenoiser(MLPDenoiser(64, 16, 1), D, tgrid)
+    xt, _ = hp.sample_xt(x[:64], t, g)
+    assert torch.allclose(R.skip(xt, t), D(xt, t), atol=1e-4)  # the float32 table against the float64 solve
+    off = t * 0.999  # off-grid t values take the exact batched path
+    assert torch.allclose(R.skip(xt, off), D(xt, off), atol=1e-6)
+    assert torch.allclose(R(x[:5], torch.ones(5)), x[:5], atol=1e-5)  # c(1) = 0 and D*(x, 1) = x
+    loss = heat_loss(hp, R, x[:64], g, ts)
+    loss.backward()
+    assert all(p.grad is not None for p in R.net.parameters()) and len(list(R.parameters())) == len(list(R.net.parameters()))
