@@ -69,6 +69,10 @@ def test_surface_sampler_projection_and_coverage():
     assert int(on_bump.sum()) >= exposed / 1e-3
     x = ss.project_to_surface(sh.sdf, torch.as_tensor(rng.normal(0, 0.6, (500, 3))))
     assert sh.sdf(x).abs().max() < 2e-3
+    # normals of a sphere: radial (closed form)
+    Q = ss.oriented_surface(_sphere((0.1, 0.0, 0.0), 0.5), 200, rng)
+    radial = (Q[:, :3] - torch.tensor([0.1, 0.0, 0.0], dtype=torch.float64)) / 0.5
+    assert torch.allclose(Q[:, 3:], radial, atol=5e-3)
 
 
 def test_detail_points_are_thin_features_and_holes():
@@ -107,9 +111,10 @@ def test_translation_by_one_cell_permutes_latents():
     model = ss.SetTokenizer(d=16, heads=2, M=4, C=3, L_enc=1, L_dec=1, K_f=4).double().eval()
     rng = np.random.default_rng(0)
     sh = _sphere((-0.45, -0.3, -0.3), 0.3)
-    P = ss.sample_surface(sh, 6000, rng)
-    shift = torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64)
-    P2 = P + shift
+    P = ss.oriented_surface(sh, 6000, rng)
+    shift6 = torch.tensor([0.5, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    shift = shift6[:3]
+    P2 = P + shift6
     inside1 = lambda q: sh.inside(torch.as_tensor(q)).numpy()
     inside2 = lambda q: sh.inside(torch.as_tensor(q) - shift).numpy()
     a = ss.split_encode(model, P, inside1, 4, margin=0.125, N_in=64, n_min=8)
@@ -125,7 +130,7 @@ def test_translation_by_one_cell_permutes_latents():
         assert a.flags[k] == b.flags[k2]
         if a.flags[k] == 2:
             nonempty += 1
-            assert torch.allclose(a.z[k], b.z[k2], atol=1e-5)
+            assert torch.allclose(a.z[k], b.z[k2], atol=1e-5) and torch.allclose(a.anchors[k], b.anchors[k2], atol=1e-9)
     assert nonempty >= 4
     x = torch.as_tensor(rng.uniform(-1, 1, (4000, 3)))
     x = x[(x[:, 0] > -0.9) & (x[:, 0] < 0.4)]  # away from the domain faces whose neighbour cell has no counterpart
@@ -138,7 +143,7 @@ def test_empty_cells_in_and_out_flags_decode_constant():
     model = ss.SetTokenizer(d=16, heads=2, M=4, C=3, K_f=4).eval()
     rng = np.random.default_rng(0)
     sh = _sphere((-0.25, -0.25, -0.25), 0.6)
-    P = ss.sample_surface(sh, 20000, rng)
+    P = ss.oriented_surface(sh, 20000, rng)
     code = ss.split_encode(model, P, lambda q: sh.inside(torch.as_tensor(q)).numpy(), 4, margin=0.125, N_in=64, n_min=32)
     cells = code.cells
     k_in = int(((cells.ijk == torch.tensor([1, 1, 1])).all(-1)).nonzero()[0])  # cell [-0.5, 0]^3
@@ -284,3 +289,16 @@ def test_bad_input_errors(tmp_path):
         ss.load_real_mesh(str(flat))
     with pytest.raises(ParameterError, match="large_steps"):
         resolve(ss.PRESETS, "full", large_steps=10)
+
+
+def test_distance_bias_matches_brute_force():
+    torch.manual_seed(0)
+    m = ss.SetTokenizer(d=16, heads=2, M=4, C=3, K_f=2)
+    q, k = torch.rand(2, 5, 3), torch.rand(2, 7, 3)
+    B = m.dist_bias(q, k, m.log_beta_dec).reshape(2, 2, 5, 7)
+    for b in range(2):
+        for h in range(2):
+            for i in range(5):
+                for j in range(7):
+                    want = -float(m.log_beta_dec[h].exp()) * float(((q[b, i] - k[b, j]) ** 2).sum())
+                    assert abs(float(B[b, h, i, j]) - want) < 1e-5 * max(1, abs(want))
