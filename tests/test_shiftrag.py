@@ -109,7 +109,6 @@ def test_splice_places_soft_tokens_and_equals_ids_forward(world):
     qs = kb_questions(kb, "test")[:3]
     top = torch.tensor([[0, 1], [2, 3], [4, 5]])
     seqs, _ = gen_sequences(tok, kb, qs, top, "text", 2)
-    b = TextBank(tok, [], "")
     from genlab.lm import pad_sequences
     pb = pad_sequences(seqs, tok.pad_id, "left")
     E = splice_soft(h, pb.ids, tok.stoi["<soft>"], None)
@@ -233,6 +232,10 @@ def test_bad_input_is_rejected_before_work(world):
         resolve(PRESETS, "smoke", pool="max")
     with pytest.raises(ParameterError):
         make_kb(0, 0)
+    with pytest.raises(ParameterError):
+        TextBank(tok, [], "query:")
+    with pytest.raises(ParameterError):
+        gen_sequences(tok, kb, [], None, "text", 2)
     heads = RetrievalHeads(4, 3, [0])
     with pytest.raises(ParameterError):
         alignment_features(heads, heads.embed(torch.randn(2, 1, 4)), heads.embed(torch.randn(3, 1, 4)), k=5)
