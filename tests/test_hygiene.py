@@ -105,10 +105,6 @@ def test_explorers_go_through_the_core_helper(nb):
     assert not re.search(r"\binteract(_manual)?\(", text), f"{nb.name}: calls ipywidgets.interact directly"
 
 
-# notebooks whose config is being migrated to `param` declarations together with their re-verification
-PARAM_PENDING = {"scfm", "heat_diffusion"}
-
-
 @pytest.mark.parametrize("slug", sorted(m for m in METHODS if (ROOT / "genlab" / f"{m}.py").is_file()))
 def test_config_fields_declare_their_domain_and_meaning(slug):
     "Every config field of a method is a `param(...)` with a one-line meaning (read by validation, `genlab params` and the docs)."
@@ -118,8 +114,6 @@ def test_config_fields_declare_their_domain_and_meaning(slug):
     presets = getattr(mod, "PRESETS", None)
     if presets is None:
         pytest.skip(f"{slug} has no PRESETS")
-    if slug in PARAM_PENDING:
-        pytest.xfail(f"{slug}: config migration to param() pending with its re-verification")
     cfg = next(iter(presets.values()))
     bare = [f.name for f in dataclasses.fields(cfg) if not f.metadata.get("genlab")]
     assert not bare, f"{slug}: fields without param(...): {bare}"
