@@ -208,7 +208,7 @@ class ValidationMonitor:
             raise NonFiniteLossError(f"step {step}: the held-out loss is {v}")
         self.steps.append(step + 1)
         self.values.append(v)
-        if v < self.best * (1 - self.min_rel_delta) or not math.isfinite(self.best):
+        if not math.isfinite(self.best) or v < self.best - self.min_rel_delta * abs(self.best):  # right for losses of any sign
             self.best, self.best_step, self.bad = v, step + 1, 0
             if self.model is not None:
                 self._best_state = {k: t.detach().clone() for k, t in self.model.state_dict().items()}

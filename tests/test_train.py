@@ -120,3 +120,18 @@ def test_monitor_reports_a_run_still_improving():
     mon = ValidationMonitor(lambda: 0.0)
     mon.values = [1.0, 0.8, 0.6, 0.4]
     assert not mon.converged() and mon.relative_improvement() > 0.3
+
+
+def test_monitor_improvement_rule_holds_for_negative_losses():
+    "A held-out score below zero (e.g. a negative ELBO) improves when it falls by the relative margin of |best|."
+    from genlab.train import ValidationMonitor
+    vals = iter([-10.0, -10.005, -11.0])   # -10.005 is within 0.1% of |-10|: not an improvement; -11 is
+    mon = ValidationMonitor(lambda: next(vals), patience=5, min_rel_delta=1e-3)
+    mon(0, None); mon(1, None)
+    assert mon.best == -10.0 and mon.bad == 1
+    mon(2, None)
+    assert mon.best == -11.0 and mon.best_step == 3          # steps are counted from 1
+    vals2 = iter([-10.0, -9.995])          # worse (higher) is never an improvement, whatever the sign
+    mon2 = ValidationMonitor(lambda: next(vals2), patience=5, min_rel_delta=1e-3)
+    mon2(0, None); mon2(1, None)
+    assert mon2.best == -10.0 and mon2.best_step == 1
