@@ -555,7 +555,11 @@ class LMHandle:
         layers = list(range(self.n_layers)) if layers is None else [layers] if isinstance(layers, int) else list(layers)
         with self.capture(layers, detach=not grad) as acts, \
              (self.capture(0, detach=not grad, io="input") if include_embeddings else contextlib.nullcontext({})) as emb:
-            self.logits(ids, attention_mask, inputs_embeds=inputs_embeds, grad=grad)
+            ids, attention_mask = self._unpack(ids, attention_mask)
+            if (ids is None) == (inputs_embeds is None):
+                raise ParameterError("hidden needs exactly one of ids and inputs_embeds")
+            with contextlib.nullcontext() if grad else torch.no_grad():  # the logits are discarded: head on the last position only
+                self._forward(ids, attention_mask, inputs_embeds=inputs_embeds, last_only=True)
         out = {}
         with contextlib.nullcontext() if grad else torch.no_grad():
             for i in acts:

@@ -1137,20 +1137,18 @@ def article_split(article: np.ndarray, seed: int, train_frac: float = 0.7):
 
 @torch.no_grad()
 def hf_pooled_states(handle: LMHandle, texts, max_tokens: int = 96, batch: int = 16) -> torch.Tensor:
-    "Mean-pooled residual stream after every block of a Hugging Face LM: (n, n_layers, d) (the LM head is skipped)."
+    "Mean-pooled residual stream after every block of a Hugging Face LM: (n, n_layers, d), through `LMHandle.hidden`."
     tok = handle.tokenizer
     enc = [tok(t, add_special_tokens=False)["input_ids"][:max_tokens] for t in texts]
     order = sorted(range(len(texts)), key=lambda i: len(enc[i]))
     out = torch.zeros(len(texts), handle.n_layers, handle.d_model)
-    base = handle.model.model
     for s in range(0, len(order), batch):
         idx = order[s:s + batch]
         b = pad_sequences([torch.tensor(enc[i] or [handle.pad_id]) for i in idx], handle.pad_id, "right")
         w = b.attention_mask.float()[..., None]
-        with handle.capture(list(range(handle.n_layers))) as acts:
-            base(input_ids=b.ids, attention_mask=b.attention_mask, use_cache=False)
+        hs = handle.hidden(b.ids, attention_mask=b.attention_mask)
         for l in range(handle.n_layers):
-            out[idx, l] = ((acts.last(l) * w).sum(1) / w.sum(1)).float()
+            out[idx, l] = ((hs[l] * w).sum(1) / w.sum(1)).float()
     return out
 
 
