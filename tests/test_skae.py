@@ -198,6 +198,108 @@ def test_routing_without_classes_is_the_global_rollout():
     assert frac == 0 and torch.allclose(pred, S.rollout(m, x0, 10))
 
 
+def test_deep_slice_excludes_converged_states_and_cuts_per_basin():
+    att = torch.tensor([[0.0, 0.0], [10.0, 0.0]], dtype=torch.float64)
+    rng = np.random.default_rng(0)
+    # basin 0: 40 states at the attractor, 60 moving with distinct margins; basin 1: 30 moving states whose margins tie
+    x0 = np.r_[np.zeros((40, 2)), np.c_[rng.uniform(1, 4, 60), np.zeros(60)]]
+    x1 = np.c_[np.full(30, 7.0), np.zeros(30)]
+    x = torch.tensor(np.r_[x0, x1])
+    b = np.r_[np.zeros(100, int), np.ones(30, int)]
+    keep = S.deep_slice_mask(x, x, b, att)
+    assert not keep[:40].any()                      # converged states never enter
+    m = S.depth_margin(x, att).numpy()
+    mov0 = np.arange(40, 100)
+    assert (keep[mov0] == (m[mov0] >= np.median(m[mov0]))).all()   # per-basin median cut
+    assert keep[100:].all()                          # a tied basin is kept whole, not dropped
+    # the old rule: a global top quartile of the margin (converged states included)
+    old = S.deep_slice_mask(x, x, b, att, rule="margin_q75")
+    assert (old == (m >= np.quantile(m, 0.75))).all()
+    assert S.present_basins(b[keep], 20) == [0, 1] and S.present_basins(b[keep], 31) == []
+
+
+def test_canonical_masks_take_the_most_frequent_support():
+    keys = [(0, 1), (0, 1), (2,), (3, 4), (3, 4), (3, 4), (5,)]
+    b = np.array([0, 0, 0, 1, 1, 1, 1])
+    c = S.canonical_masks(keys, b, 6)
+    assert c[0].tolist() == [1, 1, 0, 0, 0, 0] and c[1].tolist() == [0, 0, 0, 1, 1, 0]
+
+
+def test_freeze_errors_closed_forms():
+    m = S.KAE("lista", 2, 16, 16, gen())
+    with torch.no_grad():
+        x0 = torch.randn(10, 2, generator=gen(1))
+        z0 = m.encode(x0)
+        xt = torch.randn(10, 2, generator=gen(2))
+        ones = {0: np.ones(16, np.float32), 1: np.ones(16, np.float32)}
+        e = S.freeze_errors(m, z0, x0, xt, np.array([0, 1] * 5), ones, 3)
+        assert e["ratio"] == pytest.approx(1.0) and e["own_ratio"] == pytest.approx(1.0)   # all-ones masks change nothing
+        assert e["persist"] == pytest.approx(float(((x0 - xt) ** 2).mean()))
+        assert e["nfe"] == pytest.approx(e["wrong"] / e["persist"])
+        zero = {0: np.zeros(16, np.float32), 1: np.ones(16, np.float32)}
+        e = S.freeze_errors(m, z0, x0, xt, np.array([1] * 10), zero, 1)   # basin 1 gets basin 0's empty mask
+        assert e["wrong"] == pytest.approx(float((xt ** 2).mean()))     # K(0 * z) = 0 decodes to 0
+
+
+def test_spectral_radius_and_rollout_with_normalised_k():
+    th, r = 0.3, 1.2
+    K = r * torch.tensor([[math.cos(th), -math.sin(th)], [math.sin(th), math.cos(th)]])
+    assert S.spectral_radius(K) == pytest.approx(r, rel=1e-6)       # eigenvalues r e^{+-i th}
+    m = S.KAE("dense", 2, 8, 8, gen())
+    x0 = torch.randn(3, 2, generator=gen(1))
+    with torch.no_grad():
+        K2 = m.K * 0.5
+        z0 = m.encode(x0)
+        pred = S.rollout(m, x0, 4, K=K2)
+        assert torch.allclose(pred[:, 3], z0 @ torch.linalg.matrix_power(K2, 4).T @ m.D.T, atol=1e-6)
+
+
+def test_official_code_options():
+    m = S.KAE("lista", 2, 16, 16, gen(), sign_split=False, normalize_atoms=True, k_init="identity")
+    x = torch.randn(20, 2, generator=gen(3))
+    assert torch.equal(m.K, torch.eye(16)) and m.encoder.n_units == 16
+    assert torch.equal(m.encode(x), m.encoder.codes(x))            # signed code, no split
+    assert (m.encode(x) < 0).any()
+    with torch.no_grad():
+        z = m.encode(x)
+        y = m.decode(z)
+        m.D.mul_(torch.rand(16, generator=gen(4)) * 5 + 0.1)       # rescaling an atom does not change the decoder
+        assert torch.allclose(m.decode(z), y, atol=1e-5)
+    with pytest.raises(ParameterError, match="k_init"):
+        S.KAE("dense", 2, 8, 8, gen(), k_init="zeros")
+
+
+def test_lr_k_mult_scales_the_first_adam_step_of_k():
+    cfg = resolve(S.PRESETS, "smoke")
+    import dataclasses
+    x = torch.randn(10, 12, 2, generator=gen(5))
+    steps = {}
+    for mult in (1.0, 0.1):
+        c = dataclasses.replace(cfg, steps=1, lr_k_mult=mult, k_init="identity")
+        m, _, _ = S.train_kae("lista", x, c, gen(0), progress=False)
+        steps[mult] = float((m.K.detach() - torch.eye(64)).abs().max())
+    # Adam's first step moves each coordinate by lr * g / (|g| + eps), i.e. at most lr
+    assert steps[1.0] == pytest.approx(cfg.lr, rel=1e-3)
+    assert steps[0.1] == pytest.approx(0.1 * cfg.lr, rel=1e-3)
+
+
+def test_validation_monitor_and_convergence_rule():
+    cfg = resolve(S.PRESETS, "smoke", steps=200)
+    import dataclasses
+    cfg = dataclasses.replace(cfg, val_every=50)
+    x = torch.randn(20, 30, 2, generator=gen(6)).cumsum(1) * 0.05
+    m, hist, mon = S.train_kae("dense", x[:15], cfg, gen(0), held_out=x[15:], progress=False)
+    assert mon.steps == [50, 100, 150, 200] and all(math.isfinite(v) for v in mon.values)
+    assert S.converged(mon) == (mon.relative_improvement(window=0.2) < 0.02) and not S.converged(None)
+
+
+def test_routed_rollout_with_reencode_and_no_classes_is_the_global_rollout():
+    m = S.KAE("lista", 2, 16, 16, gen())
+    x0 = torch.randn(5, 2, generator=gen(1))
+    pred, frac = S.routed_rollout(m, x0, 12, {}, reencode=5)
+    assert frac == 0 and torch.allclose(pred, S.rollout(m, x0, 12, reencode=5))
+
+
 # --- systems and data -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,steps,x0", [
@@ -253,7 +355,8 @@ def test_boundary_ics_have_disagreeing_jitters():
 @pytest.mark.parametrize("bad,word", [
     (dict(lambda_sp=1.5), "lambda_sp"), (dict(lambda_sp=-0.1), "lambda_sp"), (dict(d_z=0), "d_z"),
     (dict(systems=("double_pendulum",)), "triple_well"), (dict(models=("relu_dense",)), "lista"),
-    (dict(d_z=63), "even"),
+    (dict(d_z=63), "even"), (dict(deep_slice="top"), "deep_slice"), (dict(control_systems=("gated_linear",)), "control_systems"),
+    (dict(ablations=("dropout",)), "ablations"), (dict(lr_k_mult=0.0), "lr_k_mult"),
 ])
 def test_bad_input_names_parameter_and_allowed_values(bad, word):
     with pytest.raises(ParameterError, match=word):
