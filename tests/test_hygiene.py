@@ -14,7 +14,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent          # the environment's console scripts, whether or not PATH has them
 NBS = sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb"))
-METHODS = {p.stem.split("_", 1)[1] for p in NBS if int(p.name[:2]) >= 10}
+COMPARISON_MARKER = "<!-- genlab: comparison notebook -->"  # in the first cell: imports methods, exports nothing
+
+
+def _is_comparison(nb: Path) -> bool:
+    cells = json.loads(nb.read_text())["cells"]
+    return bool(cells) and COMPARISON_MARKER in "".join(cells[0]["source"])
+
+
+COMPARISONS = {p.stem.split("_", 1)[1] for p in NBS if int(p.name[:2]) >= 10 and _is_comparison(p)}
+METHODS = {p.stem.split("_", 1)[1] for p in NBS if int(p.name[:2]) >= 10} - COMPARISONS
 
 
 def _copy_project(tmp_path):
@@ -57,7 +66,10 @@ def test_one_parameters_cell_of_literals(nb):
 def test_method_notebook_anatomy(nb):
     cells = json.loads(nb.read_text())["cells"]
     text = "\n".join("".join(c["source"]) for c in cells)
-    assert re.search(r"^#\| default_exp \w+", text, re.M)
+    if _is_comparison(nb):  # a comparison notebook imports the method modules and exports nothing
+        assert not re.search(r"^#\| (default_exp|export)", text, re.M), f"{nb.name}: a comparison notebook exports nothing"
+    else:
+        assert re.search(r"^#\| default_exp \w+", text, re.M)
     assert "PRESETS" in text and "resolve(PRESETS, preset" in text
     assert "Claims()" in text and ".summary()" in text
     assert "widgets" in text, f"{nb.name}: an ipywidgets explorer is expected"
