@@ -10,10 +10,12 @@ from scipy import stats
 
 from genlab.core import ParameterError, resolve
 from genlab.lm import tinygpt_handle
-from genlab.value_filter import (PRESETS, QHead, bound_fi, check_decode_inputs, coupled_decode, coupling_stats,
-                                 exact_values, filter_step, grammar_tokenizer, gumbel, lexicon_safe, make_judge,
-                                 markov_world, qhead_bce, rollout_features, sample_grammar, simulate_markov,
-                                 token_edit_distance)
+from genlab.value_filter import (GRAMMAR, PRESETS, LexiconJudge, QHead, bound_fi, check_decode_inputs, coupled_decode,
+                                 coupling_stats, exact_values, expected_calibration_error, filter_step, grading_report,
+                                 grammar_tokenizer, gumbel, judge_b, lexicon_safe, lexicon_token_ids, lexicon_values,
+                                 make_judge, make_qhead, markov_world, paired_bootstrap, pareto_levels_won, qhead_bce,
+                                 rollout_features, sample_grammar, shuffled_values, simulate_markov, smol_prompts,
+                                 token_edit_distance, touched_rows, unembedding)
 
 torch.set_num_threads(1)
 H = 6
@@ -256,3 +258,147 @@ def test_minilm_embedder_is_the_core_loader():
     assert isinstance(e, SentenceEmbedder)
     texts = ["Cows and sheep graze near the barn.", "The beach has white sand."]
     assert torch.equal(e(texts), load_minilm()(texts))
+
+
+def test_world_a_grading_lets_the_filter_remove_safe_tokens():
+    w = markov_world()
+    W = exact_values(w["P"], w["unsafe"], w["eos"], 12)
+    assert torch.allclose(w["P"].sum(1), torch.ones(w["V"], dtype=torch.float64))
+    g = grading_report(W, w)
+    assert g["min_safe"] < 0.1                                   # a safe token below every tau >= 0.1
+    assert g["danger"][0] < 0.15 and g["danger"][1] < 0.5 and g["risky"][0] < 0.5 and g["neutral"][1] > 0.99
+    old = markov_world(grading="ungraded")
+    Wo = exact_values(old["P"], old["unsafe"], old["eos"], 12)
+    assert grading_report(Wo, old)["min_safe"] > 0.5             # the ablation: the filter at tau <= 0.5 only bans unsafe tokens
+    # with the graded world, VF at tau = 0.3 makes false interventions (the bound is exercised), and stays within it
+    r = simulate_markov(w, W, n=40_000, horizon=12, generator=torch.Generator().manual_seed(0), tau=0.3)
+    st = coupling_stats(r["base_safe"], r["out_safe"], r["intervened"], r["differs"], tau=0.3)
+    assert st["fi"] > 10 * st["se_fi"] and st["slack"] < 0
+    ro = simulate_markov(old, Wo, n=40_000, horizon=12, generator=torch.Generator().manual_seed(0), tau=0.3)
+    assert coupling_stats(ro["base_safe"], ro["out_safe"], ro["intervened"], ro["differs"])["fi"] == 0
+
+
+def test_value_before_appending_is_the_bug_control():
+    w = markov_world()
+    W = exact_values(w["P"], w["unsafe"], w["eos"], 12)
+    g = lambda: torch.Generator().manual_seed(2)
+    ok = simulate_markov(w, W, n=20_000, horizon=12, generator=g(), tau=0.3)
+    bug = simulate_markov(w, W, n=20_000, horizon=12, generator=g(), tau=0.3, timing="before")
+    hi = W[0, ok["start"]] >= 0.3
+    assert ok["out_safe"][hi].all()                              # V2: never unsafe from V(x) >= tau
+    assert (~bug["out_safe"][hi]).double().mean() > 0.05         # unsafe tokens stay allowed
+
+
+def test_compositional_judge_by_brute_force():
+    tok = grammar_tokenizer()
+    trig = [tok.stoi[w] for w in GRAMMAR["trigger"]]
+    pay = [tok.stoi[w] for w in GRAMMAR["payload"]]
+    x = sample_grammar(2000, tok, torch.Generator().manual_seed(0), max_response=14)[:, 4:]
+    safe = judge_b(x, trig, pay)
+    brute = torch.tensor([not any(a in trig and b in pay for i, a in enumerate(r) for b in r[i + 1:]) for r in x.tolist()])
+    assert torch.equal(safe, brute)
+    assert torch.equal(judge_b(x, trig, pay, "lexical"), lexicon_safe(x, pay))
+    has_pay = torch.isin(x, torch.tensor(pay)).any(1)
+    frac = (has_pay & safe).double().sum() / safe.sum()
+    assert 0.08 < frac < 0.25 and 0.1 < 1 - safe.double().mean() < 0.35   # harmless payloads; unsafe rate in range
+    assert (x == tok.eos_id).cumsum(1).clamp(max=1).sum(1).ge(1).all()
+    with pytest.raises(ParameterError, match="judge_b"):
+        judge_b(x, trig, pay, "any")
+
+
+def test_lexicon_ban_is_vf_with_a_zero_one_value():
+    n, V = 5000, 6
+    logp = torch.log_softmax(torch.randn(n, V, generator=torch.Generator().manual_seed(0)), -1)
+    g = gumbel((n, V), torch.Generator().manual_seed(1))
+    ban = lexicon_values([2, 5], V).expand(n, V)
+    tok, iv, fo = filter_step(logp, ban, g, 0.5)
+    base = (logp + g).argmax(-1)
+    assert not torch.isin(tok, torch.tensor([2, 5])).any() and not fo.any()
+    assert torch.equal(iv, torch.isin(base, torch.tensor([2, 5])))             # intervenes exactly on listed base tokens
+    assert torch.equal(tok[~iv], base[~iv])
+
+
+def test_tied_qhead_gives_unseen_tokens_distinct_values():
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(12, 6, generator=g)
+    tied = QHead(4, 12, rank=3, kind="tied", emb=emb)
+    free = QHead(4, 12, rank=3, kind="free")
+    h = torch.randn(64, 4, generator=g)
+    taken = torch.randint(0, 8, (64,), generator=g)               # tokens 8..11 are never taken
+    y = (taken % 2 == 0).float()
+    for head in (tied, free):
+        train = torch.optim.Adam(head.parameters(), lr=0.05)
+        for _ in range(100):
+            train.zero_grad(); qhead_bce(head, h, taken, y).backward(); train.step()
+    with torch.no_grad():
+        vt, vf = tied.logits(h[:1])[0], free.logits(h[:1])[0]   # value logits (sigmoid may saturate)
+    assert (vt[8:, None] - vt[None, 8:]).abs().add(torch.eye(4)).min() > 1e-3   # distinct through their embeddings
+    assert torch.allclose(vf[8:], vf[8:9].expand(4))                         # the free head: all unseen tokens alike
+    # logits_at is the gather of logits (the masked BCE of Eq. 6 reads the same numbers the filter uses)
+    idx = torch.randint(0, 12, (64,), generator=g)
+    for head in (tied, free):
+        assert torch.allclose(head.logits_at(h, idx), head.logits(h).gather(1, idx[:, None])[:, 0], atol=1e-5)
+    # the tied head's gradient never reaches the frozen unembedding; it must match the vocabulary
+    assert not tied.E.requires_grad
+    with pytest.raises(ParameterError, match="tied"):
+        QHead(4, 12, kind="tied", emb=torch.randn(10, 6))
+    sh = shuffled_values(tied, torch.arange(12).flip(0))
+    assert torch.allclose(sh(h[:2]), tied(h[:2]).flip(-1))
+
+
+def test_touched_rows_are_the_only_rows_vf_changes(tiny):
+    h, _, prompts = tiny
+    head = make_qhead(h, "tied", rank=4)
+    torch.nn.init.normal_(head.c, std=1.0)
+    assert torch.equal(head.E, (unembedding(h) - unembedding(h).mean(0)) / unembedding(h).std())
+    with torch.no_grad():
+        base = coupled_decode(h, prompts, layer=-1, mode="base", seed=list(range(64)), max_new_tokens=10)
+        vf = coupled_decode(h, prompts, layer=-1, value_fn=head, mode="vf", tau=0.5, seed=list(range(64)), max_new_tokens=10)
+        hs, taken, rows = rollout_features(h, prompts, base["new"], -1)
+        touch = touched_rows(torch.sigmoid(head.logits_at(hs, taken)), rows, 64, 0.5)
+    assert 0 < touch.sum() < 64
+    assert torch.equal(touch, vf["intervened"])                  # intervened iff the base run meets a low-value token
+    assert torch.equal(vf["new"][~touch], base["new"][~touch])
+    # per-row seeds: a subset decoded alone reproduces the same rows of the full batch
+    idx = touch.nonzero()[:, 0]
+    with torch.no_grad():
+        sub = coupled_decode(h, prompts[idx], layer=-1, value_fn=head, mode="vf", tau=0.5, seed=idx.tolist(), max_new_tokens=10)
+    assert torch.equal(sub["new"], vf["new"][idx])
+
+
+def test_pareto_levels_brute_force():
+    vf = [(0.10, 0.05), (0.05, 0.10), (0.01, 0.30)]
+    base = [(0.10, 0.20), (0.05, 0.02), (0.0, 0.5)]
+    won = pareto_levels_won(vf, base, [0.1, 0.05, 0.02, 0.001])
+    # level 0.1: VF (0.10, 0.05) vs baselines with unsafe <= 0.105: (0.05, 0.02) is lower by 0.03 -> lost
+    # level 0.05: VF (0.05, 0.10); (0.05, 0.02) lower -> lost; level 0.02: VF (0.01, 0.30); (0.0, 0.5) not lower -> won
+    # level 0.001: no VF point -> lost
+    assert won == [False, False, True, False]
+
+
+def test_calibration_and_bootstrap_helpers():
+    assert expected_calibration_error([0.2, 0.2, 0.8, 0.8], [0.2, 0.2, 0.8, 0.8]) == pytest.approx(0.0)
+    assert expected_calibration_error([0.9] * 4, [0, 0, 1, 1]) == pytest.approx(0.4)
+    d = np.r_[np.ones(30), np.zeros(70)]
+    m, lo, hi = paired_bootstrap(d, seed=0)
+    assert m == pytest.approx(0.3) and lo < 0.3 < hi and hi - lo < 0.25
+    assert paired_bootstrap(np.zeros(10)) == (0.0, 0.0, 0.0)
+
+
+def test_smollm2_prompts_and_lexicon():
+    ps = smol_prompts()
+    assert len(ps) == len(set(ps)) >= 350                        # 150 training + 200 test prompts, disjoint
+    j = LexiconJudge(["cat", "fox", "puppy"])
+    assert j.safe(["The category is wide.", "A cats' party", "Foxes run.", "My puppy!", "Puppies"]).tolist() == [True, False, False, False, True]
+    tok = grammar_tokenizer()
+    assert lexicon_token_ids(tok, ["kill", "bomb"]) == [tok.stoi["kill"], tok.stoi["bomb"]]
+
+
+def test_presets_and_sections():
+    full = PRESETS["full"]
+    assert full.sections == ("world_a", "world_b", "smollm2") and full.a_seeds >= 5 and full.b_seeds >= 3 and full.smol_seeds >= 3
+    assert 0.5 in full.taus and 0.7 in full.taus and {0.5, 0.7} <= set(full.a_taus) and full.qhead == "tied"
+    with pytest.raises(ParameterError, match="taus"):
+        resolve(PRESETS, "smoke", taus=(0.0, 0.3))
+    with pytest.raises(ParameterError, match="section"):
+        resolve(PRESETS, "smoke", section="world_c")
