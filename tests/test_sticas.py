@@ -9,10 +9,12 @@ import torch
 
 from genlab.core import ParameterError, resolve
 from genlab.lm import WordTokenizer, load_smollm2, tinygpt_handle
-from genlab.sticas import (CONCEPT_NAMES, PRESETS, act_affine, composition_error, gumbel_generate, gumbel_noise,
-                           grammar_valid, grammar_vocab, judge, lowdin, make_rank_check, oi_act, orth_error, qf,
-                           random_steer, readout_leak, render_document, riemannian_grad, sample_concepts, steering,
-                           stiefel_step, sw2_sq, train_sticas)
+from genlab.sticas import (CONCEPT_NAMES, CONCEPTS, PRESETS, GrammarTracker, act_affine, composition_error,
+                           coupled_generate, gumbel_generate, gumbel_noise, grammar_valid, grammar_vocab,
+                           grouped_generate, grouped_steering, judge, lowdin, make_rank_check, oi_act, orth_error, qf,
+                           random_directions, random_steer, readout_leak, render_document, riemannian_grad,
+                           sample_concepts, select_setting, slot_start, steering, stiefel_step, sw2_sq, sw2_sq_batched,
+                           train_per_neuron, train_sticas)
 
 
 def g(seed=0):
@@ -253,3 +255,132 @@ def test_smollm2_steered_batch_equals_one_at_a_time():
     batched, alone, recomputed, plain = _steered_generations(smol, s, ["The weather today is", "Here is a short note about my week:"], 4)
     for i in range(2):
         assert torch.equal(alone[i], recomputed[i]) and torch.equal(batched[i], alone[i])
+
+
+def _docs(n, gen, force=None):
+    tok = WordTokenizer(grammar_vocab())
+    z = sample_concepts(n, 0.5, 0.5, gen, force)
+    out = [render_document(zi, gen, return_starts=True) for zi in z]
+    ids = torch.stack([torch.tensor([tok.bos_id] + tok.encode(t) + [tok.eos_id]) for t, _ in out])
+    return tok, ids, [st for _, st in out]
+
+
+def test_on_off_decision_positions_match_for_every_concept():
+    "The oracle is the renderer's own slot starts: ON and OFF documents put every slot at the same index."
+    K = len(CONCEPTS)
+    for k in range(K):
+        _, _, st_on = _docs(60, g(30 + k), {k: 1})
+        _, _, st_off = _docs(60, g(60 + k), {k: 0})
+        for s in range(2):
+            assert {st[s * K + k] for st in st_on} == {st[s * K + k] for st in st_off} == {slot_start(k, s)}
+
+
+def test_tracker_marks_exactly_the_decision_positions_on_valid_prefixes():
+    tok, ids, starts = _docs(40, g(31))
+    tr = GrammarTracker(tok, 32)
+    assert bool(tr.valid_prefix(ids).all())
+    K = len(CONCEPTS)
+    for names in (["colour"], ["formal", "exclaim"], ["location", "night", "past"]):
+        m = tr.decision_mask(ids, names)
+        for row, st in zip(m, starts):  # brute-force oracle: the token before slot k's first word, either sentence
+            want = {st[s * K + CONCEPT_NAMES.index(n)] for n in names for s in range(2)}
+            assert set(row.nonzero().flatten().tolist()) == want
+    bad = ids.clone()
+    bad[:, 5] = tok.stoi["<eos>"]
+    vp = tr.valid_prefix(bad)
+    assert bool(vp[:, :5].all()) and not bool(vp[:, 5:].any())
+    assert not bool(tr.decision_mask(bad, CONCEPT_NAMES)[:, 5:].any())
+    with pytest.raises(ParameterError, match="unknown concept"):
+        tr.decision_mask(ids, ["nope"])
+
+
+def test_decision_steering_changes_only_decision_positions(tiny):
+    tok, ids, _ = _docs(4, g(32))
+    tr = GrammarTracker(tok, 32)
+    s = random_steer(32, [2] * len(CONCEPT_NAMES), g(33), c_scale=3.0)
+    s.names = list(CONCEPT_NAMES)
+    m = tr.decision_mask(ids, ["colour", "night"])
+    plain = tiny.hidden(ids, [1])[1]
+    with steering(tiny, 1, s, ["colour", "night"], where=lambda info: m.gather(1, info.position_ids)):
+        steered = tiny.hidden(ids, [1])[1]
+    changed = (steered - plain).abs().amax(-1) > 0
+    assert torch.equal(changed, m)
+
+
+def test_grouped_steering_equals_one_condition_at_a_time(tiny):
+    s = random_steer(32, [2, 2, 2], g(34), c_scale=1.0)
+    ids = torch.randint(4, tiny.vocab_size, (3, 10), generator=g(35))
+    groups = [["c0"], ["c1", "c0"], ["c2", "c1"]]
+    with grouped_steering(tiny, 1, s, groups, 3):
+        both = tiny.logits(ids.repeat(3, 1))
+    for i, grp in enumerate(groups):
+        with steering(tiny, 1, s, grp):
+            one = tiny.logits(ids)
+        assert torch.allclose(both[3 * i:3 * i + 3], one, atol=1e-5)
+    noise = gumbel_noise(3, 6, tiny.vocab_size, g(36))
+    prompt = torch.full((3, 1), tiny.tokenizer.bos_id)
+    out = grouped_generate(tiny, prompt.repeat(3, 1), noise.repeat(3, 1, 1), s, groups, layer=1)
+    for i, grp in enumerate(groups):
+        assert torch.equal(out[3 * i:3 * i + 3], coupled_generate(tiny, prompt, noise, s, grp, layer=1))
+    with pytest.raises(ParameterError, match="rows"):
+        with grouped_steering(tiny, 1, s, groups, 2):
+            tiny.logits(ids)
+
+
+def test_batched_sw2_and_closed_form_match_per_concept():
+    gen = g(37)
+    X, Y = torch.randn(3, 50, 8, generator=gen, dtype=torch.float64), torch.randn(3, 50, 8, generator=gen, dtype=torch.float64)
+    th = torch.stack([random_directions(8, 5, gen) for _ in range(3)])
+    got = sw2_sq_batched(X, Y, th)
+    assert torch.allclose(got, torch.stack([sw2_sq(X[k], Y[k], th[k]) for k in range(3)]), atol=1e-12)
+    w, b = act_affine(X[..., :2], Y[..., :2])
+    for k in range(3):
+        wk, bk = act_affine(X[k, :, :2], Y[k, :, :2])
+        assert torch.allclose(w[k], wk) and torch.allclose(b[k], bk)
+
+
+def _concept_data(gen, d=16, n=400):
+    "Target = source shifted along e0 (the concept); neutral activations vary strongly along e1."
+    Xs = [torch.randn(n, d, generator=gen) for _ in range(2)]
+    Xt = [x + 3.0 * torch.eye(d)[k] + torch.randn(n, d, generator=gen) * 0.05 for k, x in enumerate(Xs)]
+    Xn = [torch.randn(n, d, generator=gen) * torch.linspace(3, 0.5, d) for _ in range(2)]
+    return Xs, Xt, Xn
+
+
+def test_locality_regulariser_moves_neutral_activations_less():
+    for trainer in ("sticas", "b1"):
+        out = {}
+        for mu in (0.0, 5.0):
+            gen = g(38)
+            Xs, Xt, Xn = _concept_data(gen)
+            if trainer == "sticas":
+                st, _ = train_sticas(Xs, Xt, ["a", "b"], [2, 2], steps=60, lr=0.05, batch=200, n_dirs=16, generator=gen,
+                                     Xn=Xn, mu=mu, progress=False)
+            else:
+                st, _ = train_per_neuron(Xs, Xt, ["a", "b"], steps=60, lr=0.05, batch=200, n_dirs=16, generator=gen,
+                                         Xn=Xn, mu=mu, progress=False)
+            out[mu] = sum(float((st.delta(x.double(), n) ** 2).sum(-1).mean()) for x, n in zip(Xn, ["a", "b"]))
+        assert out[5.0] < 0.9 * out[0.0], (trainer, out)
+    with pytest.raises(ParameterError, match="Xn"):
+        train_sticas(Xs, Xt, ["a", "b"], [2, 2], steps=1, generator=g(0), mu=1.0, progress=False)
+
+
+def test_b4_trains_separate_frames_that_are_not_mutually_orthogonal():
+    gen = g(39)
+    Xs, Xt, Xn = _concept_data(gen)
+    b4, hist = train_sticas(Xs, Xt, ["a", "b"], [2, 2], steps=20, lr=0.05, batch=200, n_dirs=16, generator=gen,
+                            joint=False, progress=False)
+    assert max(orth_error(u) for u in b4.U) < 1e-10
+    assert float((b4.U[0].T @ b4.U[1]).abs().max()) > 1e-3
+    assert b4.kind == "independent"
+
+
+def test_selection_rule():
+    rows = [{"s": 0.9, "validity": 0.5, "ppl_ratio": 1.0}, {"s": 0.6, "validity": 0.95, "ppl_ratio": 1.2},
+            {"s": 0.7, "validity": 0.92, "ppl_ratio": 1.6}, {"s": 0.65, "validity": 0.91, "ppl_ratio": 1.4}]
+    best, met = select_setting(rows)
+    assert met and best is rows[3]
+    best, met = select_setting([rows[0], rows[2]])
+    assert not met and best is rows[2]  # no row meets both bounds: the most valid one
+    with pytest.raises(ParameterError):
+        select_setting([])
