@@ -8,8 +8,9 @@ import torch
 
 from genlab.core import ParameterError, resolve
 from genlab.sgpo import (PRESETS, RQVAE, SIDPolicy, SIDTrie, assign_sids, beam_search, collapse_events,
-                         group_advantages, method_settings, movielens_sequences, policy_loss, prefix_reward,
-                         reshape_advantages, sample_sids, sid_logprobs, train_rl, train_rqvae)
+                         diversity_collapses, group_advantages, hit_reward, match_eps, method_settings,
+                         movielens_sequences, policy_loss, prefix_reward, reshape_advantages, sample_sids,
+                         sid_logdists, sid_logprobs, token_kl, train_rl, train_rqvae)
 
 torch.set_num_threads(1)
 
@@ -197,7 +198,8 @@ def test_prefix_reward_and_collapse_events():
 
 
 def test_bad_input_is_rejected_before_training():
-    for kw in ({"G": 0}, {"G": 1}, {"B": 0}, {"sigma_max": 0.0}, {"reward_mode": "ctr"}, {"n_per": 100}):
+    for kw in ({"G": 0}, {"G": 1}, {"B": 0}, {"sigma_max": 0.0}, {"reward_mode": "ctr"}, {"n_per": 100},
+               {"n_mini": 17}, {"eps_mode": "loose"}, {"ml_reward": "ndcg"}, {"kl_beta": -1.0}):
         with pytest.raises(ParameterError):
             resolve(PRESETS, "smoke", **kw)
     with pytest.raises(ParameterError, match="G"):
@@ -205,9 +207,9 @@ def test_bad_input_is_rejected_before_training():
     sids, trie, pol, ctx, g = _toy()
     fn = lambda ci, items, gen: torch.zeros(len(items))
     with pytest.raises(ParameterError, match="context"):
-        train_rl(pol, trie, "sgpo", ctx[:0], fn, steps=1, B=2, G=2, generator=g, progress=False)
+        train_rl(pol, trie, "sgpo", ctx[:0], fn, steps=1, B=2, G=2, n_mini=1, generator=g, progress=False)
     with pytest.raises(ParameterError, match="G"):
-        train_rl(pol, trie, "sgpo", ctx, fn, steps=1, B=2, G=0, generator=g, progress=False)
+        train_rl(pol, trie, "sgpo", ctx, fn, steps=1, B=2, G=0, n_mini=1, generator=g, progress=False)
     with pytest.raises(ParameterError):
         method_settings("ppo")
     with pytest.raises(ParameterError, match="empty"):
@@ -223,3 +225,92 @@ def test_movielens_missing_file_names_the_file(tmp_path):
     from genlab.data import load_movielens100k
     with pytest.raises(FileNotFoundError, match="ml-100k.inter"):
         load_movielens100k(tmp_path)
+
+
+def test_u7_exact_token_kl_matches_monte_carlo_and_vanishes_on_policy():
+    new, trie, c, y, lp_old, _, adv = _rollouts(G=8, seed=11, perturb=0.3)
+    _, _, old, _, _ = _toy(seed=11)
+    with torch.no_grad():
+        lq = sid_logdists(old, trie, old.encode(c), y)
+        lp = sid_logdists(new, trie, new.encode(c), y)
+        kl = token_kl(lp, lq)  # (b,) Σ_t KL(p_t ‖ q_t)
+        assert torch.allclose(token_kl(lp, lp), torch.zeros(len(y)), atol=1e-7)
+        assert (kl > 1e-4).all()  # the perturbed policy moved: not a vacuous comparison
+        g = torch.Generator().manual_seed(0)
+        p = lp.exp().nan_to_num(0.0)  # (b, L, K), rows sum to 1 over valid children
+        n = 200_000
+        draws = torch.multinomial(p.reshape(-1, p.shape[-1]), n, replacement=True, generator=g)  # (b*L, n)
+        lpf, lqf = lp.reshape(-1, p.shape[-1]), lq.reshape(-1, p.shape[-1])
+        mc = (lpf.gather(1, draws) - lqf.gather(1, draws)).mean(1).view(len(y), -1).sum(1)
+        assert torch.allclose(mc, kl, rtol=0.02)
+
+
+def test_u8_collapse_detectors_fire_once_on_planted_drops_and_never_on_noise():
+    g = torch.Generator().manual_seed(3)
+    flat = (0.8 + 0.02 * torch.randn(200, generator=g)).tolist()
+    assert collapse_events(flat) == 0
+    # a 40% drop held for 35 steps: the EMA(0.9) needs ~10 steps to cross 70% of its max, then stays below ≥ 20 steps
+    planted = flat[:100] + [0.8 * 0.6 + 0.01 * float(x) for x in torch.randn(35, generator=g)] + flat[135:]
+    assert collapse_events(planted) == 1
+    ent = (1.0 + 0.02 * torch.randn(12, generator=g)).tolist()
+    hr = (0.25 + 0.005 * torch.randn(12, generator=g)).tolist()
+    assert diversity_collapses(ent, hr, 1.0, 0.25) == 0
+    ent_drop = ent[:6] + [0.45, 0.44, 0.46] + ent[9:]
+    assert diversity_collapses(ent_drop, hr, 1.0, 0.25) == 1
+    hr_drop = hr[:4] + [0.18, 0.17] + hr[6:]
+    assert diversity_collapses(ent, hr_drop, 1.0, 0.25) == 1
+
+
+def test_u9_shuffle_control_keeps_mean_spread_and_signs_of_the_weights():
+    g = torch.Generator().manual_seed(9)
+    n, L = 64, 3
+    lp = torch.log(torch.rand(n, L, generator=g) * 0.95 + 0.02)
+    adv = torch.randn(n, generator=g)
+    adv[:4] = 0
+    perm = torch.rand(n, L, generator=g).argsort(1)
+    at, wt, w = reshape_advantages(adv, lp, 1.0, 1.0, 0.5)
+    at_s, wt_s, w_s = reshape_advantages(adv, lp, 1.0, 1.0, 0.5, weight_fn="shuffle", perm=perm)
+    assert torch.allclose(wt_s.mean(1), torch.ones(n), atol=1e-6)
+    assert torch.allclose(wt_s.std(1, unbiased=False), wt.std(1, unbiased=False), atol=1e-7)
+    assert torch.equal(wt_s.sort(1).values, wt.sort(1).values)  # same multiset of weights, only the order changes
+    assert torch.equal(torch.sign(at_s), torch.sign(at))
+    assert not torch.equal(wt_s, wt)  # the permutation did move weights
+    with pytest.raises(ParameterError, match="perm"):
+        reshape_advantages(adv, lp, weight_fn="shuffle")
+
+
+def test_match_eps_picks_the_log_closest_grid_point_and_bisects():
+    kl = lambda e: 1e-3 * e  # KL_upd linear in ε
+    out = match_eps(kl, 1e-5)  # ε = 1e-2 is exact
+    assert out["eps"] == 1e-2 and out["within_tol"]
+    out = match_eps(kl, 1.7e-5)  # between 1e-2 and 3e-2, outside ±30% of both: one bisection step at √(3e-4)
+    assert math.isclose(out["eps"], math.sqrt(1e-2 * 3e-2)) and out["within_tol"]
+    with pytest.raises(ParameterError):
+        match_eps(kl, 0.0)
+
+
+def test_hit_reward_and_control_methods_settings():
+    assert torch.equal(hit_reward(torch.tensor([1, 2, 3]), torch.tensor([1, 0, 3])), torch.tensor([1.0, 0.0, 1.0]))
+    assert method_settings("sgpo_shufrew")["shuffle_rewards"] and method_settings("sgpo_min")["negate"]
+    assert method_settings("sgpo_shuffle")["weight_fn"] == "shuffle"
+    assert math.isinf(method_settings("sgpo_noscale")["sigma_max"]) and method_settings("gtpo")["weight_fn"] == "entropy"
+    m = method_settings("dapo", eps_token=(0.1, 0.1))
+    assert m["eps_low"] == 0.1 and math.isclose(m["eps_high"], 0.14)
+
+
+def test_train_rl_logs_step_kl_and_reference_kl_and_rejects_bad_minibatching():
+    sids, trie, pol, ctx, g = _toy(seed=2)
+    fn = lambda ci, items, gen: (items % 2).float()
+    res = train_rl(pol, trie, "sgpo", ctx, fn, steps=3, B=4, G=4, n_mini=2, lr=1e-2, generator=g, progress=False,
+                   kl_beta=0.1, ref_policy=pol)
+    lg = res["logs"]
+    assert len(lg["kl_upd"]) == 3 and (lg["kl_upd"] > 0).all()  # one probe per rollout step, the policy moved
+    assert len(lg["kl_ref"]) == 3 and 0 <= lg["kl_ref"][0] < lg["kl_ref"][-1]  # starts at the reference, then leaves it
+    res0 = train_rl(pol, trie, "sgpo", ctx, fn, steps=1, B=4, G=4, n_mini=1, lr=1e-2, generator=g, progress=False,
+                    kl_beta=0.1, ref_policy=pol)
+    assert res0["logs"]["kl_ref"][0] < 1e-7  # the first update is taken at the reference policy itself
+    assert res["updates"] == 6
+    with pytest.raises(ParameterError, match="n_mini"):
+        train_rl(pol, trie, "sgpo", ctx, fn, steps=1, B=2, G=2, n_mini=3, generator=g, progress=False)
+    with pytest.raises(ParameterError, match="ref_policy"):
+        train_rl(pol, trie, "sgpo", ctx, fn, steps=1, B=2, G=2, n_mini=1, kl_beta=0.1, generator=g, progress=False)
