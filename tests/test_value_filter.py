@@ -391,7 +391,7 @@ def test_smollm2_prompts_and_lexicon():
     j = LexiconJudge(["cat", "fox", "puppy"])
     assert j.safe(["The category is wide.", "A cats' party", "Foxes run.", "My puppy!", "Puppies"]).tolist() == [True, False, False, False, True]
     tok = grammar_tokenizer()
-    assert lexicon_token_ids(tok, ["kill", "bomb"]) == [tok.stoi["kill"], tok.stoi["bomb"]]
+    assert lexicon_token_ids(tok, ["kill", "bomb"], word_start=False) == sorted([tok.stoi["kill"], tok.stoi["bomb"]])
 
 
 def test_presets_and_sections():
