@@ -51,10 +51,14 @@ def table() -> str:
     have = set()
     for slug, path in method_notebooks(ROOT / "nbs").items():
         have.add(slug)
-        mod = notebook_module(path) or "(none)"
+        mod = notebook_module(path)
         secs = by_nb.get(slug, [])
         status = "landed" if any(m["preset"] == "full" for m in secs) else "notebook in progress (no report)"
-        rows.append(f"| {path.name[:2]} | `{mod}` | {_title(path)} | {status} | {_verdicts(secs)} |")
+        verdicts = _verdicts(secs)
+        if mod is None:  # a comparison notebook: its questions are the workbook's, not a paper's
+            verdicts += " — benchmark questions, not paper claims" if secs else ""
+        name = f"`{mod}`" if mod else f"`{slug}` (comparison; exports nothing)"
+        rows.append(f"| {path.name[:2]} | {name} | {_title(path)} | {status} | {verdicts} |")
     for n, slug in PLANNED:
         if slug in have:
             continue
