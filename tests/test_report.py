@@ -88,7 +88,7 @@ def test_compare_lists_changed_verdicts(tmp_path):
 REPORTS = ROOT / "reports"
 # Methods whose committed reports predate per-seed evidence; each is brought to the verdict standard by
 # its re-verification issue and then leaves this set (the test fails if a migrated method is still listed).
-PENDING_REVERIFICATION = {"sgpo", "skae"}
+PENDING_REVERIFICATION = {"sgpo"}
 
 
 # Methods whose committed full-preset runs are incomplete, with the reason; the test fails once the reason is gone.
