@@ -88,13 +88,11 @@ def test_compare_lists_changed_verdicts(tmp_path):
 REPORTS = ROOT / "reports"
 # Methods whose committed reports predate per-seed evidence; each is brought to the verdict standard by
 # its re-verification issue and then leaves this set (the test fails if a migrated method is still listed).
-PENDING_REVERIFICATION = {"sgpo"}
+PENDING_REVERIFICATION: set[str] = set()
 
 
 # Methods whose committed full-preset runs are incomplete, with the reason; the test fails once the reason is gone.
-INCOMPLETE = {"cdc": "seed 1 of 3 failed its S4 wall-clock sanity guard (full_res_stages ratio 0.887 < 0.9, twice, with "
-                     "ratios of separate medians; S4 now reads paired per-round ratios, not yet rerun); its claims are "
-                     "decided on 2 seeds until the main section is rerun (issue 13)"}
+INCOMPLETE: dict[str, str] = {}
 
 
 def _committed_sections():
