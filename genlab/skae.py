@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
+from .metrics import entropy
 from .train import ValidationMonitor, budget, fit
 
 # %% auto #0
@@ -525,8 +526,7 @@ def support_families(keys: list[tuple], thr: float = 0.5) -> tuple[np.ndarray, l
 def entropy_bits(labels) -> float:
     "Shannon entropy H(B) in bits of a label sequence."
     c = np.array(list(Counter(x if not isinstance(x, np.ndarray) else tuple(x) for x in labels).values()), dtype=np.float64)
-    p = c / c.sum()
-    return float(-(p * np.log2(p)).sum())
+    return float(entropy(torch.from_numpy(c / c.sum()), base=2))
 
 
 def cond_entropy_bits(b, s) -> float:

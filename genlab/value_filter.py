@@ -28,7 +28,7 @@ __all__ = ['SCORERS', 'SECTIONS', 'PRESETS', 'GRAMMAR', 'JUDGES_B', 'QHEADS', 'M
            'qhead_bce', 'train_value_head', 'IsotonicCalibrator', 'expected_calibration_error', 'shuffled_values',
            'check_decode_inputs', 'CoupledDecoder', 'coupled_decode', 'rollout_features', 'touched_rows',
            'token_edit_distance', 'strip_eos', 'pareto_levels_won', 'smol_prompts', 'LexiconJudge', 'lexicon_token_ids',
-           'tokenizer_size', 'minilm_embedder', 'PhraseJudge', 'make_judge', 'paired_bootstrap']
+           'tokenizer_size', 'PhraseJudge', 'make_judge', 'paired_bootstrap']
 
 # %% ../nbs/41_value_filter.ipynb #5653c22a
 SCORERS = ("lexicon", "minilm")
@@ -685,11 +685,6 @@ def tokenizer_size(tokenizer) -> int:
     return len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
 
 
-def minilm_embedder(max_length: int = 128) -> Callable[[Sequence[str]], torch.Tensor]:
-    "Mean-pooled, L2-normalised all-MiniLM-L6-v2 embeddings (384-d): the core loader `genlab.lm.load_minilm`, kept under this name."
-    return load_minilm(max_length=max_length)
-
-
 class PhraseJudge:
     "Text judge: logistic regression on sentence embeddings of labelled phrases (label 1 = unsafe); safe iff P(unsafe) < 0.5."
 
@@ -710,7 +705,7 @@ def make_judge(scorer: str, *, phrases=None, unsafe=None, words=None, embed=None
     check_choice("scorer", scorer, SCORERS)
     if scorer == "lexicon":
         return LexiconJudge(words)
-    return PhraseJudge(embed or minilm_embedder(), phrases, unsafe)
+    return PhraseJudge(embed or load_minilm(), phrases, unsafe)
 
 
 def paired_bootstrap(diff: np.ndarray, level: float = 0.95, n_boot: int = 4000, seed: int = 0) -> tuple[float, float, float]:

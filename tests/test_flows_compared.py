@@ -20,7 +20,7 @@ def h():
     assert len(src) == 1, "the notebook must have exactly one helper cell"
     ns = {}
     exec("import math, numpy as np, torch\nfrom genlab.core import ParameterError, check_range\n"
-         "from genlab.metrics import frechet_distance\nfrom genlab.stats import estimate\n" + src[0], ns)
+         "from genlab.metrics import entropy, frechet_distance\nfrom genlab.stats import estimate\n" + src[0], ns)
     return ns
 
 

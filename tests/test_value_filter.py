@@ -251,13 +251,13 @@ def test_smollm2_coupled_decode_batched_equals_per_prompt():
     _batched_vs_alone(h, head, ps, [3, 4], n=2, new_tokens=3, mode="vf", tau=0.5, temperature=0.8)
 
 
-def test_minilm_embedder_is_the_core_loader():
+def test_minilm_judge_embeds_with_the_core_loader():
     from genlab.lm import SentenceEmbedder, load_minilm
-    from genlab.value_filter import minilm_embedder
-    e = minilm_embedder()
-    assert isinstance(e, SentenceEmbedder)
+    from genlab.value_filter import make_judge
+    j = make_judge("minilm", phrases=["a cow in the barn", "a quiet beach"], unsafe=[1, 0])
+    assert isinstance(j.embed, SentenceEmbedder)
     texts = ["Cows and sheep graze near the barn.", "The beach has white sand."]
-    assert torch.equal(e(texts), load_minilm()(texts))
+    assert torch.equal(j.embed(texts), load_minilm()(texts))
 
 
 def test_world_a_grading_lets_the_filter_remove_safe_tokens():
