@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['set_seed', 'get_device', 'ParameterError', 'config_types', 'check_overrides', 'resolve', 'check_range',
-           'check_choice', 'param', 'check_declared', 'describe_config']
+__all__ = ['set_seed', 'get_device', 'ParameterError', 'stream_seed', 'rng', 'np_rng', 'config_types', 'check_overrides',
+           'resolve', 'check_range', 'check_choice', 'param', 'check_declared', 'describe_config']
 
 # %% ../nbs/00_core.ipynb #6e619fb7
 def set_seed(seed: int) -> torch.Generator:
@@ -43,6 +43,40 @@ def get_device(prefer: str | None = None) -> torch.device:
 # %% ../nbs/00_core.ipynb #95d1cf01
 class ParameterError(ValueError):
     "A parameter, preset or input value outside what is allowed; the message names it."
+
+# %% ../nbs/00_core.ipynb #071b8e45
+def _check_stream_name(name: Any) -> str | int:
+    if isinstance(name, bool) or not isinstance(name, (str, int, np.integer)):
+        raise ParameterError(f"a random stream name must be a str or an int, got {name!r} ({type(name).__name__})")
+    return name if isinstance(name, str) else int(name)
+
+
+def stream_seed(seed: int,  # the run's seed
+                *names: str | int,  # the part of the run, e.g. "baseline", "init"
+                ) -> int:
+    "The integer seed of the stream named `names` under `seed` (Eq. 1): a hash of both, in [0, 2**63)."
+    import hashlib
+    import json
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise ParameterError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
+    key = json.dumps([int(seed), *(_check_stream_name(n) for n in names)])
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def rng(seed: int,  # the run's seed
+        *names: str | int,  # the part of the run, e.g. "baseline", "init"
+        device: str | torch.device | None = None,  # where the generator draws (default: CPU)
+        ) -> torch.Generator:
+    "An independent, reproducible `torch.Generator` for the part of the run named `names` (Eq. 1)."
+    g = torch.Generator(device=device) if device is not None else torch.Generator()
+    return g.manual_seed(stream_seed(seed, *names))
+
+
+def np_rng(seed: int,  # the run's seed
+           *names: str | int,  # the part of the run, e.g. "data", "shuffle"
+           ) -> np.random.Generator:
+    "An independent, reproducible NumPy `Generator` for the part of the run named `names` (Eq. 1)."
+    return np.random.default_rng(stream_seed(seed, *names))
 
 # %% ../nbs/00_core.ipynb #19cf9d48
 def _type_ok(value: Any, tp: Any) -> bool:
