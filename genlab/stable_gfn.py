@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
+from .core import ParameterError, check_choice, check_range, param, resolve, rng
 from .train import fit, make_optimizer
 
 # %% auto #0
@@ -259,7 +259,7 @@ def make_bitseq(n_bits: int = 8, k: int = 2, n_modes: int = 4, T_r: float = 1.0,
         enc[st[:, None], 3 * pos[nb:][None] + 2] = 1.0
     X = 2 ** n_bits
     xb = (torch.arange(X)[:, None] >> (n_bits - 1 - pos)[None]) & 1          # (X, n) bits of each x
-    modes = bitseq_modes(n_bits, n_modes, torch.Generator().manual_seed(mode_seed))
+    modes = bitseq_modes(n_bits, n_modes, rng(mode_seed, "bitseq", "modes"))
     dist = (xb[:, None, :] != modes[None]).sum(-1)                            # (X, M)
     log_r = -dist.min(1).values.double() / T_r
     regions = (dist <= 1).T                                                   # Hamming ball of radius 1
@@ -667,8 +667,8 @@ class GFNTrainer:
         log_r_train = env.log_r if train_log_r is None else train_log_r
         check_log_reward(log_r_train, env.n_terminals)
         self.lr_x = log_r_train.float()
-        self.gen = set_seed(seed)
-        self.net = make_policy(env, cfg.hidden, self.gen)
+        self.gen = rng(seed, "train", "sampling")                  # exploration and reference draws
+        self.net = make_policy(env, cfg.hidden, rng(seed, "train", "init"))
         self.log_z = nn.Parameter(torch.zeros(()))
         self.params = list(self.net.parameters()) + [self.log_z]
         self.opt = make_optimizer("adam", [{"params": list(self.net.parameters())},
