@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, np_rng, param, rng
+from .metrics import entropy
 from .lm import LMHandle, TinyGPT, WordTokenizer, pad_sequences, tinygpt_handle, tokenizer_vocab_size
 from .train import ValidationMonitor, budget, fit
 
@@ -24,10 +25,10 @@ __all__ = ['OPS', 'SYM2OP', 'CONSTS', 'NAMES', 'OBJECTS', 'PROBLEM_TYPES', 'TYPE
            'execute_path', 'Question', 'make_questions', 'valid_paths', 'is_valid', 'DRPCConfig', 'Rationale',
            'ProgrammaticTeacher', 'verify', 'abstract_steps', 'abstract', 'parse_equations', 'abstract_text',
            'parse_answer_text', 'mask_question', 'QuestionEncoder', 'cosine', 'edit_distance', 'PathBank', 'Example',
-           'retrieve', 'build_bank', 'coverage_on', 'entropy', 'structural_entropy', 'supervision_entropy', 'spell',
-           'plan_text', 'target_text', 'prompt_text', 'student_tokenizer', 'encode_examples', 'masked_lm_loss',
-           'train_student', 'student_answers', 'parse_student_answer', 'accuracy', 'Calculator', 'bound_terms',
-           'path_bits', 'usage_entropy', 'readable', 'render_path', 'real_prompt', 'top_p_filter', 'teacher_generate',
+           'retrieve', 'build_bank', 'coverage_on', 'structural_entropy', 'supervision_entropy', 'spell', 'plan_text',
+           'target_text', 'prompt_text', 'student_tokenizer', 'encode_examples', 'masked_lm_loss', 'train_student',
+           'student_answers', 'parse_student_answer', 'accuracy', 'Calculator', 'bound_terms', 'path_bits',
+           'usage_entropy', 'readable', 'render_path', 'real_prompt', 'top_p_filter', 'teacher_generate',
            'arm_examples', 'matched', 'rationale_tokens', 'teacher_side', 'train_and_eval', 'student_side', 'real_side',
            'real_student']
 
@@ -225,15 +226,16 @@ def _distinct(t: ProblemType, qs) -> bool:
     return True
 
 
-def make_questions(n: int, *, types: Sequence[str] = TYPE_NAMES, split: str = "train", seed: int = 0,
-                   small: bool = False, start_id: int = 0) -> list[Question]:
+def make_questions(n: int, *, g: np.random.Generator,  # draws the quantities, templates, names and order
+                   types: Sequence[str] = TYPE_NAMES, split: str = "train", small: bool = False,
+                   start_id: int = 0) -> list[Question]:
     "n questions over `types` (balanced, shuffled); split 'train' uses the first two templates, 'test' all three (Sec. 8.1)."
     check_range("n", n, 1)
     check_choice("split", split, ("train", "test"))
     if not types:
         raise ParameterError("types must name at least one problem type")
     ts = [problem_type(k) for k in types]
-    r = np.random.default_rng(seed)
+    r = g
     out = []
     while len(out) < n:
         t = ts[len(out) % len(ts)]
@@ -645,7 +647,8 @@ def _follow_best(bank: PathBank, teacher, q: Question, v: np.ndarray, delta_new:
 def build_bank(questions: Sequence[Question], phi: np.ndarray,  # (n, e) encodings of the questions, in stream order
                teacher: ProgrammaticTeacher, *, k_max: int, delta_new: float = 0.5, delta_merge: float = 0.8,
                merge_every: int = 200, second_pass: bool = True, dynamic: bool = True,
-               init: PathBank | None = None, tau: float = 0.0, seed: int = 0) -> dict:
+               init: PathBank | None = None, tau: float = 0.0,
+               g: np.random.Generator) -> dict:  # the teacher's and the retrieval's draws
     "Algorithm 4: stream the questions through retrieval, conditioning, verification and dynamic maintenance; return bank and supervision."
     if not questions:
         raise ParameterError("the question set is empty: the bank needs at least one training question")
@@ -653,7 +656,6 @@ def build_bank(questions: Sequence[Question], phi: np.ndarray,  # (n, e) encodin
     check_range("tau", tau, 0)
     if len(phi) != len(questions):
         raise ParameterError(f"phi has {len(phi)} rows for {len(questions)} questions")
-    g = np.random.default_rng(seed)
     bank = init if init is not None else PathBank(k_max, phi.shape[1])
     sup: dict[int, Example] = {}
     for i, (q, v) in enumerate(zip(questions, phi)):
@@ -706,19 +708,11 @@ def coverage_on(bank: PathBank, questions: Sequence[Question], phi: np.ndarray) 
     return float(np.mean([is_valid(bank.path(bank.rank(v)[0][0]), q.ptype) for q, v in zip(questions, phi)]))
 
 
-def entropy(counts: Sequence[float]) -> float:
-    "Shannon entropy (nats) of a count vector."
-    c = np.asarray([x for x in counts if x > 0], dtype=float)
-    if c.size == 0:
-        return 0.0
-    p = c / c.sum()
-    return float(-(p * np.log(p)).sum())
-
-
 def structural_entropy(seqs_by_type: dict[str, Sequence[tuple]]) -> float:
     "H_struct: the entropy of the abstracted step sequences within each type, averaged over types (Sec. 6)."
     from collections import Counter
-    hs = [entropy(list(Counter(map(tuple, s)).values())) for s in seqs_by_type.values() if len(s)]
+    counts = [torch.tensor(list(Counter(map(tuple, s)).values()), dtype=torch.float64) for s in seqs_by_type.values() if len(s)]
+    hs = [float(entropy(c / c.sum())) for c in counts]
     return float(np.mean(hs)) if hs else 0.0
 
 
@@ -793,11 +787,11 @@ def train_student(tok: WordTokenizer, examples: Sequence[Example], *, d_model: i
     "Train a TinyGPT student on the supervision set with AdamW + cosine (through genlab.train.fit); returns (handle, history, monitor)."
     if not examples:
         raise ParameterError("the supervision set is empty: nothing to distil")
-    torch.manual_seed(seed)
-    h = tinygpt_handle(tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_len=max_len)
+    h = tinygpt_handle(tok, d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_len=max_len,
+                       generator=rng(seed, "student", "init"))
     model = h.model
     ids, lab, lens = encode_examples(tok, examples, max_len)
-    g = torch.Generator().manual_seed(seed + 1)
+    g = rng(seed, "student", "batches")
 
     def loss_fn(step):
         idx = torch.randint(0, len(ids), (batch,), generator=g)
@@ -920,7 +914,8 @@ def path_bits(bank: PathBank, sigma_size: int = len(SIGMA)) -> float:
 
 def usage_entropy(bank: PathBank) -> float:
     "H_hat_K: the entropy (nats) of path usage in the bank."
-    return entropy(list(bank.usages().values()))
+    c = torch.tensor(list(bank.usages().values()), dtype=torch.float64)
+    return float(entropy(c / c.sum())) if c.sum() > 0 else 0.0
 
 # %% ../nbs/43_drpc.ipynb #128fc26b
 REAL_CONDITIONS = ("freeform", "drpc", "generic", "wrong", "templated")
@@ -989,7 +984,7 @@ def teacher_generate(h: LMHandle, prompts: Sequence[str], *, max_new: int, batch
     keyof = lambda p: (h.name, p, seed, temperature, top_p, max_new)
     todo = [p for p in dict.fromkeys(prompts) if keyof(p) not in cache]
     t0 = time.perf_counter()
-    g = torch.Generator().manual_seed(seed)
+    g = rng(seed, "real", "teacher-sampling")
     for i in range(0, len(todo), batch):
         chunk = todo[i:i + batch]
         b = h.chat_prompt(chunk)
@@ -1054,19 +1049,20 @@ def rationale_tokens(tok: WordTokenizer, examples: Sequence[Example]) -> float:
 def teacher_side(cfg, seed: int) -> dict:
     "One bank construction and its teacher-side measures (P2, P3, G1, G2): coverage, structural entropies, bank size, two-phase stream."
     T = ProgrammaticTeacher(cfg.filler, cfg.slip)
-    qs = make_questions(cfg.n_train, types=cfg.types, seed=seed)
+    qs = make_questions(cfg.n_train, types=cfg.types, g=np_rng(seed, "questions", "train"))
     enc = QuestionEncoder(qs)
     V = enc(qs)
+    bank_g = lambda: np_rng(seed, "bank")   # every bank variant sees the same teacher draws (common random numbers)
     t0 = time.perf_counter()
     main = build_bank(qs, V, T, k_max=cfg.k_max, delta_new=cfg.delta_new, delta_merge=cfg.delta_merge,
-                      merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, seed=seed)
+                      merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, g=bank_g())
     t_build = time.perf_counter() - t0
-    g = np.random.default_rng(seed + 1)
+    g = np_rng(seed, "arms")
     free = arm_examples("freeform", qs, T, g)
     rnd = arm_examples("random_path", qs, T, g)
     k_small = max(1, len(cfg.types) // 2)
     small = build_bank(qs, V, T, k_max=k_small, delta_new=cfg.delta_new, delta_merge=cfg.delta_merge,
-                       merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, seed=seed)
+                       merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, g=bank_g())
     b = main["bank"]
     # P3: two-phase stream (half the types, then the other half) against a static bank seeded on its first questions
     half = len(cfg.types) // 2
@@ -1078,10 +1074,10 @@ def teacher_side(cfg, seed: int) -> dict:
         Vs = V[[idx[q.qid] for q in stream]]
         second = set(q.qid for q in ph2) if order == "two_phase" else set(q.qid for q in stream[len(stream) // 2:])
         dyn = build_bank(stream, Vs, T, k_max=cfg.k_max, delta_new=cfg.delta_new, delta_merge=cfg.delta_merge,
-                         merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, second_pass=False, seed=seed)
+                         merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, second_pass=False, g=bank_g())
         n0 = cfg.static_seed_n
         st = build_bank(stream[:n0], Vs[:n0], T, k_max=cfg.k_max, delta_new=cfg.delta_new, delta_merge=cfg.delta_merge,
-                        merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, second_pass=False, seed=seed)
+                        merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, second_pass=False, g=bank_g())
         sel = [i for i, q in enumerate(stream) if q.qid in second]
         p3[order] = {"dynamic": coverage_on(dyn["bank"], [stream[i] for i in sel], Vs[sel]),
                      "static": coverage_on(st["bank"], [stream[i] for i in sel], Vs[sel]),
@@ -1116,14 +1112,14 @@ def train_and_eval(cfg, tok: WordTokenizer, train: Sequence[Example], val: Seque
 def student_side(cfg, seed: int, progress: bool = False) -> dict:
     "One seed of the distillation comparison (P1, P4): main arms at matched supervision, the bank-size sweep and its bound."
     T = ProgrammaticTeacher(cfg.filler, cfg.slip)
-    qs = make_questions(cfg.n_train, types=cfg.types, seed=seed)
-    val_q = make_questions(cfg.n_val, types=cfg.types, split="test", seed=seed + 1, start_id=10**6)
-    test_q = make_questions(cfg.n_test, types=cfg.types, split="test", seed=seed + 2, start_id=2 * 10**6)
+    qs = make_questions(cfg.n_train, types=cfg.types, g=np_rng(seed, "questions", "train"))
+    val_q = make_questions(cfg.n_val, types=cfg.types, split="test", g=np_rng(seed, "questions", "val"), start_id=10**6)
+    test_q = make_questions(cfg.n_test, types=cfg.types, split="test", g=np_rng(seed, "questions", "test"), start_id=2 * 10**6)
     enc = QuestionEncoder(qs)
     V, Vv = enc(qs), enc(val_q)
     main = build_bank(qs, V, T, k_max=cfg.k_max, delta_new=cfg.delta_new, delta_merge=cfg.delta_merge,
-                      merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, seed=seed)
-    g = np.random.default_rng(seed + 3)
+                      merge_every=cfg.merge_every, tau=cfg.retrieval_temperature, g=np_rng(seed, "bank"))
+    g = np_rng(seed, "arms")
     pre = {a: (main["supervision"] if a == "drpc" else arm_examples(a, qs, T, g)) for a in cfg.arms}
     sets = matched(pre, g)
     val = {a: arm_examples(a, val_q, T, g, main["bank"], Vv, -np.inf, cfg.retrieval_temperature) for a in cfg.arms}
@@ -1132,7 +1128,7 @@ def student_side(cfg, seed: int, progress: bool = False) -> dict:
         if k not in banks:
             banks[k] = build_bank(qs, V, T, k_max=k, delta_new=cfg.large_delta_new if k >= cfg.large_k else cfg.delta_new,
                                   delta_merge=cfg.delta_merge, merge_every=cfg.merge_every,
-                                  tau=cfg.retrieval_temperature, seed=seed)
+                                  tau=cfg.retrieval_temperature, g=np_rng(seed, "bank"))
     n_match = len(sets["drpc"])
     sweep_sets = {}
     for k, res in banks.items():
@@ -1149,7 +1145,7 @@ def student_side(cfg, seed: int, progress: bool = False) -> dict:
            "tok_sup": {a: rationale_tokens(tok, s) for a, s in sets.items()},
            "H_sup": {a: supervision_entropy(s) for a, s in sets.items()}, "students": {}, "sweep": {}}
     for i, a in enumerate(cfg.arms):
-        out["students"][a] = train_and_eval(cfg, tok, sets[a], val[a], val_q, test_q, eps_q, seed * 1000 + 17, progress)
+        out["students"][a] = train_and_eval(cfg, tok, sets[a], val[a], val_q, test_q, eps_q, seed, progress)
     vd = val["drpc"]
     sig = lambda res: (tuple(sorted(res["bank"].paths.values())), tuple(target_text(e) for e in res["supervision"]))
     for k in [cfg.k_max] + sorted(set(banks) - {cfg.k_max}):
@@ -1158,7 +1154,7 @@ def student_side(cfg, seed: int, progress: bool = False) -> dict:
             st = out["students"]["drpc"]
             sweep_sets[k] = sets["drpc"]
         else:
-            st = train_and_eval(cfg, tok, sweep_sets[k], vd, val_q, test_q, eps_q, seed * 1000 + 17, progress)
+            st = train_and_eval(cfg, tok, sweep_sets[k], vd, val_q, test_q, eps_q, seed, progress)
         b = res["bank"]
         bt = bound_terms(1 - res["coverage"], st["eps"], len(b), path_bits(b), usage_entropy(b), len(sweep_sets[k]),
                          cfg.n_eff, cfg.bound_delta)
@@ -1175,12 +1171,12 @@ def real_side(cfg, seed: int, handle: LMHandle, cache: dict | None = None) -> di
     "The SmolLM2 teacher (Sec. 8.4): five prompt conditions per question, verification, op abstraction, tokens, throughput."
     T = ProgrammaticTeacher(cfg.filler, cfg.slip)
     types = tuple(cfg.real_types)
-    bank_q = make_questions(max(100, 25 * len(types)), types=types, seed=seed + 50)
+    bank_q = make_questions(max(100, 25 * len(types)), types=types, g=np_rng(seed, "real", "bank-questions"))
     enc = QuestionEncoder(bank_q)
     res = build_bank(bank_q, enc(bank_q), T, k_max=cfg.k_max, delta_new=cfg.delta_new, delta_merge=cfg.delta_merge,
-                     merge_every=cfg.merge_every, seed=seed)
+                     merge_every=cfg.merge_every, g=np_rng(seed, "real", "bank"))
     bank = res["bank"]
-    qs = make_questions(cfg.real_per_type * len(types), types=types, split="test", seed=seed + 60, small=True,
+    qs = make_questions(cfg.real_per_type * len(types), types=types, split="test", g=np_rng(seed, "real", "questions"), small=True,
                         start_id=5 * 10**6)
     Vq = enc(qs)
     paths = {q.qid: bank.path(retrieve(bank, v)[0][0]) for q, v in zip(qs, Vq)}
@@ -1240,14 +1236,14 @@ def real_student(cfg, handle: LMHandle, real: dict, seed: int) -> dict | None:
         p = tok(text_of[r["qid"]], add_special_tokens=False)["input_ids"]
         t = tok(r["text"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append((p + t)[:256]); marks.append(len(p))
-    torch.manual_seed(seed)
-    h = tinygpt_handle(tok, d_model=64, n_layers=2, n_heads=4, max_len=256 + cfg.real_max_new)
+    h = tinygpt_handle(tok, d_model=64, n_layers=2, n_heads=4, max_len=256 + cfg.real_max_new,
+                       generator=rng(seed, "real-student", "init"))
     L = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), L), handle.pad_id, dtype=torch.long)
     lab = torch.zeros(len(seqs), L, dtype=torch.bool)
     for i, (s, m) in enumerate(zip(seqs, marks)):
         ids[i, :len(s)] = torch.tensor(s); lab[i, m:len(s)] = True
-    g = torch.Generator().manual_seed(seed)
+    g = rng(seed, "real-student", "batches")
     def loss_fn(step):
         idx = torch.randint(0, len(ids), (min(4, len(ids)),), generator=g)
         return {"nll": masked_lm_loss(h.model, ids[idx], lab[idx])}
