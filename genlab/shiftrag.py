@@ -12,6 +12,7 @@ import json
 import math
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, np_rng, param, rng, set_seed, stream_seed
 from .lm import LMHandle, TinyGPT, TinyGPTConfig, WordTokenizer, cache_dir, pad_sequences, train_tinygpt
 from .train import ValidationMonitor, budget, fit
 
@@ -43,7 +44,7 @@ FEATURES = ("prod", "doc", "traj", "prob")
 
 @dataclass(frozen=True)
 class ShiftRAGConfig:
-    seed: int = param(0, lo=0, help="run seed; the synthetic seeds of a run are seed*100 + 0..n_seeds-1")
+    seed: int = param(0, lo=0, help="run seed; synthetic replicate i draws from the streams named (seed, \"synthetic\", i)")
     n_seeds: int = param(3, lo=1, help="synthetic seeds per run (each builds its own knowledge base and backbone)")
     # knowledge base (Section 8.1)
     n_entities: int = param(200, lo=10, help="entities of the synthetic knowledge base")
@@ -83,7 +84,7 @@ class ShiftRAGConfig:
     n_erank: int = param(512, lo=2, help="texts for the effective rank of pooled representations")
     # real-text track (Section 8.3)
     realtext: bool = param(True, help="run the SmolLM2 / MiniLM / BM25 track on the Lee corpus")
-    rt_seeds: int = param(5, lo=1, help="head-training seeds of the real-text track")
+    rt_seeds: int = param(5, lo=1, help="head-training replicates (article splits) of the real-text track")
     rt_max_passages: int = param(400, lo=8, help="passages kept (the index holds them all)")
     rt_max_tokens: int = param(64, lo=8, help="SmolLM2 tokens kept per passage")
     rt_d_e: int = param(128, lo=2, help="width of the SmolLM2 retrieval heads")
@@ -218,7 +219,7 @@ def make_kb(n_entities: int = 400, seed: int = 0, *, rev_frac: float = 0.2, shar
             share_last_frac: float = 0.3, distractor_frac: float = 0.5, n_heldout: int = 200) -> KnowledgeBase:
     "Build the seeded knowledge base of Section 8.1 (entities split before any text is generated)."
     check_range("n_entities", n_entities, 10)
-    rng = np.random.default_rng(seed)
+    rng = np_rng(seed, "kb")
     names, kind, partner = make_names(n_entities, rng, rev_frac, share_first_frac, share_last_frac)
     perm = rng.permutation(n_entities)
     n_tr, n_va = int(0.6 * n_entities), int(0.2 * n_entities)
@@ -302,7 +303,7 @@ def pretrained_backbone(kb: KnowledgeBase, tok: WordTokenizer, *, seed: int, d_m
     key = hashlib.sha256(json.dumps([tok.itos, data.tolist(), seed, d_model, n_layers, n_heads, max_len, steps, batch,
                                      lr, "v1"]).encode()).hexdigest()[:16]
     path = cache_dir() / "shiftrag" / f"tinygpt-{key}.pt"
-    torch.manual_seed(seed)
+    set_seed(stream_seed(seed, "backbone", "init"))  # TinyGPT draws its initial weights from the global generator (it takes none)
     model = TinyGPT(TinyGPTConfig(vocab_size=tok.vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                                   max_len=max_len))
     info = {"cached": False, "steps": steps, "params": sum(p.numel() for p in model.parameters())}
@@ -312,11 +313,11 @@ def pretrained_backbone(kb: KnowledgeBase, tok: WordTokenizer, *, seed: int, d_m
     else:
         t0 = time.perf_counter()
         hist = train_tinygpt(model, data, steps=steps, batch_size=batch, lr=lr, pad_id=tok.pad_id,
-                             generator=torch.Generator().manual_seed(seed), progress=False)
+                             generator=rng(seed, "backbone", "batches"), progress=False)
         info.update(final_nll=hist.last("nll", 50), wall_s=time.perf_counter() - t0)
         if cache:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{np.random.randint(1 << 30)}")
+            tmp = path.with_suffix(f".tmp{uuid.uuid4().hex}")
             torch.save({"state": model.state_dict(), "final_nll": info["final_nll"], "wall_s": info["wall_s"]}, tmp)
             tmp.rename(path)
     model.eval()
@@ -625,11 +626,18 @@ def alignment_features(heads: RetrievalHeads, eq: torch.Tensor, ed: torch.Tensor
 class SoftProjector(nn.Module):
     "mlp2x_gelu projector a_i -> m soft tokens (Eq. 6) with a learned norm initialised to `target_norm`."
 
-    def __init__(self, f_in: int, d: int, m: int, target_norm: float, hidden: int | None = None):
+    def __init__(self, f_in: int, d: int, m: int, target_norm: float, hidden: int | None = None,
+                 generator: torch.Generator | None = None):
         super().__init__()
         hidden = hidden or d
         self.m, self.d = m, d
         self.net = nn.Sequential(nn.Linear(f_in, hidden), nn.GELU(), nn.Linear(hidden, m * d))
+        if generator is not None:   # torch's default Linear law, drawn from `generator`
+            for lin in (self.net[0], self.net[2]):
+                bound = 1 / math.sqrt(lin.in_features)
+                with torch.no_grad():
+                    lin.weight.uniform_(-bound, bound, generator=generator)
+                    lin.bias.uniform_(-bound, bound, generator=generator)
         self.log_scale = nn.Parameter(torch.tensor(float(math.log(target_norm))))
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:  # (b, k, F)
@@ -811,10 +819,6 @@ def train_bow_retriever(docs, train_q, train_gold: torch.Tensor, test_q, test_go
     return rank_of_gold(s, test_gold), {"params": W.numel() + 1, "steps": hist.steps}
 
 # %% ../nbs/42_shiftrag.ipynb #c2aabbf6
-def _seeded(seed: int, tag: str) -> torch.Generator:
-    return torch.Generator().manual_seed(int(hashlib.sha256(f"{seed}:{tag}".encode()).hexdigest()[:8], 16))
-
-
 def derangement(n: int, generator: torch.Generator) -> torch.Tensor:
     "A random permutation of range(n) with no fixed point (a random n-cycle; n >= 2)."
     if n < 2:
@@ -871,10 +875,10 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
 
     # ---- G1 probe: generation-mode logits on a fixed batch, before any retrieval training
     gads = {}
-    gads["gen"] = ads.add("gen", r=cfg.lora_rank, generator=_seeded(seed, "gen-init"))
+    gads["gen"] = ads.add("gen", r=cfg.lora_rank, generator=rng(seed, "gen", "init"))
     probe_ids, probe_mask = qbank["val"].batch(range(min(16, len(qs["val"]))))
     with torch.no_grad():
-        nn.init.normal_(gads["gen"].B[0], std=0.02, generator=_seeded(seed, "probe"))  # a non-trivial generation mode
+        nn.init.normal_(gads["gen"].B[0], std=0.02, generator=rng(seed, "gen", "probe"))  # a non-trivial generation mode
     with ads.use("gen"):
         gen_probe_before = h.logits(probe_ids, probe_mask).clone()
     with torch.no_grad():
@@ -883,7 +887,7 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
     # ---- retrieval arms
     ret = {}
     def make_heads(variant, tag):
-        return RetrievalHeads(h.d_model, cfg.d_e, head_reads(variant, L), generator=_seeded(seed, "heads-" + tag),
+        return RetrievalHeads(h.d_model, cfg.d_e, head_reads(variant, L), generator=rng(seed, "heads", tag),
                               kappa=cfg.kappa)
 
     def val_fn(mode, heads):
@@ -893,14 +897,14 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
             ("last_copies", "last_copies", cfg.lambda_r, cfg.alpha_deep), ("no_lr", "mixed", 0.0, cfg.alpha_deep)]
     for name, variant, lam, alpha in arms:
         mode = "ret" if name == "mixed" else f"ret_{name}"
-        ads.add(mode, r=cfg.lora_rank, generator=_seeded(seed, "ret-init"))
+        ads.add(mode, r=cfg.lora_rank, generator=rng(seed, "ret", "init"))
         heads = make_heads(variant, variant)
         if name == "mixed":
             r0 = retrieval_eval(ads, mode, heads, q1bank["test"], gold1["test"], dbank, cfg.pool)
             ret["untrained"] = {"R@1": retrieval_metrics(r0["ranks"])["R@1"], "metrics": retrieval_metrics(r0["ranks"])}
         t0 = time.perf_counter()
         hist, mon = train_retriever(ads, mode, heads, q1bank["train"], gold1["train"], dbank, steps=cfg.ret_steps,
-                                    batch=cfg.ret_batch, lr=cfg.lr, generator=_seeded(seed, "ret-batches"),
+                                    batch=cfg.ret_batch, lr=cfg.lr, generator=rng(seed, "ret", "batches"),
                                     n_hard=cfg.n_hard, remine_every=cfg.remine_every, alpha_deep=alpha, lambda_r=lam,
                                     pool=cfg.pool, val=val_fn(mode, heads), val_every=cfg.val_every)
         ev = retrieval_eval(ads, mode, heads, q1bank["test"], gold1["test"], dbank, cfg.pool)
@@ -916,7 +920,7 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
     R["wall"]["retrieval"] = sum(ret[n]["wall_s"] for n, *_ in arms)
     shift = ret["mixed"]
     with ads.use("gen"), torch.no_grad():
-        nn.init.normal_(gads["gen"].B[0], std=0.02, generator=_seeded(seed, "probe"))
+        nn.init.normal_(gads["gen"].B[0], std=0.02, generator=rng(seed, "gen", "probe"))
         gen_probe_after = h.logits(probe_ids, probe_mask).clone()
         gads["gen"].B[0].zero_()
     R["G1_gen_delta"] = float((gen_probe_after - gen_probe_before).abs().max())
@@ -936,7 +940,7 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
     bow_ranks, bow_info = train_bow_retriever(kb.docs, [q["text"] for q in q1["train"]], gold1["train"],
                                               [q["text"] for q in q1["test"]], gold1["test"], steps=cfg.ret_steps,
                                               batch=cfg.ret_batch, lr=cfg.lr, kappa=cfg.kappa,
-                                              generator=_seeded(seed, "bow"))
+                                              generator=rng(seed, "bow", "batches"))
     R["bow"] = retrieval_metrics(bow_ranks)
     R["retrieval"] = {n: {k: v for k, v in d.items() if k not in ("heads",)} for n, d in ret.items()}
 
@@ -952,7 +956,7 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
     heavy = distractor_heavy(kb, qs["test"], top["test"])
     hop2 = torch.tensor([q["hop"] == 2 for q in qs["test"]])
     R["heavy_n"] = int(heavy.sum())
-    shuf = {s: feats[s][derangement(len(qs[s]), _seeded(seed, "shuffle-" + s))] for s in qs}
+    shuf = {s: feats[s][derangement(len(qs[s]), rng(seed, "shuffle", s))] for s in qs}
     emb_norm = float(h.model.tok_emb.weight.norm(dim=-1).mean())
     f_in = feats["train"].shape[-1]
 
@@ -969,21 +973,20 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
         data = gdata(layout, fs)
         mode = "gen" if name == "shiftrag" else f"gen_{name}"
         if mode not in ads.adapters:
-            ads.add(mode, r=cfg.lora_rank, generator=_seeded(seed, "gen-init"))
+            ads.add(mode, r=cfg.lora_rank, generator=rng(seed, "gen", "init"))
         proj = None
         if layout in ("soft_text", "soft"):
-            torch.manual_seed(int(_seeded(seed, "proj").initial_seed()) % (2 ** 31))
-            proj = SoftProjector(f_in, h.d_model, cfg.m, emb_norm)
+            proj = SoftProjector(f_in, h.d_model, cfg.m, emb_norm, generator=rng(seed, "proj", "init"))
         extra, gh, gads_ = (), h, ads
         if name == "unfrozen":   # C5 control: the last two blocks of a copy of the backbone are trained too
             gh = LMHandle(copy.deepcopy(h.model), tok, kind="tinygpt", name="TinyGPT-unfrozen")
             gads_ = ModeAdapters(gh)
-            gads_.add(mode, r=cfg.lora_rank, generator=_seeded(seed, "gen-init"))
+            gads_.add(mode, r=cfg.lora_rank, generator=rng(seed, "gen", "init"))
             extra = [p for blk in gh.layers[-2:] for p in blk.parameters()]
             for p in extra:
                 p.requires_grad_(True)
         hist, mon = train_generator(gads_, mode, proj, data["train"], steps=cfg.gen_steps, batch=cfg.gen_batch,
-                                    lr=cfg.lr, generator=_seeded(seed, "gen-batches"), lambda_g=lam,
+                                    lr=cfg.lr, generator=rng(seed, "gen", "batches"), lambda_g=lam,
                                     detach_penalty=det, extra_params=extra, val=data["val"], val_every=cfg.val_every)
         for p in extra:
             p.requires_grad_(False)
@@ -1013,12 +1016,11 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
     # ---- B3: one shared adapter, joint loss; γ from the grid on validation (EM + R@1), and weight 0 (G2)
     def run_b3(gamma, gen_weight, tag):
         mode = f"joint_{tag}"
-        ads.add(mode, r=cfg.lora_rank, generator=_seeded(seed, "ret-init"))
+        ads.add(mode, r=cfg.lora_rank, generator=rng(seed, "ret", "init"))
         hb = make_heads("mixed", "mixed")
-        torch.manual_seed(int(_seeded(seed, "proj").initial_seed()) % (2 ** 31))
-        proj = SoftProjector(f_in, h.d_model, cfg.m, emb_norm)
+        proj = SoftProjector(f_in, h.d_model, cfg.m, emb_norm, generator=rng(seed, "proj", "init"))
         gen_q, gen_gold = qbank["train"], gold["train"]
-        gb = _seeded(seed, "gen-batches")
+        gb = rng(seed, "gen", "batches")
         with ads.use(mode):
             probe0 = h.logits(probe_ids, probe_mask).clone()
         st = {"feats": None}
@@ -1034,7 +1036,7 @@ def run_synthetic(cfg: ShiftRAGConfig, seed: int, *, gammas=None, log=print) -> 
 
         t0 = time.perf_counter()
         hist, _ = train_retriever(ads, mode, hb, q1bank["train"], gold1["train"], dbank, steps=cfg.ret_steps,
-                                  batch=cfg.ret_batch, lr=cfg.lr, generator=_seeded(seed, "ret-batches"),
+                                  batch=cfg.ret_batch, lr=cfg.lr, generator=rng(seed, "ret", "batches"),
                                   n_hard=cfg.n_hard, remine_every=cfg.remine_every, alpha_deep=cfg.alpha_deep,
                                   lambda_r=cfg.lambda_r, pool=cfg.pool, ret_weight=gamma, joint=joint,
                                   joint_weight=gen_weight, joint_params=list(proj.parameters()))
@@ -1099,7 +1101,7 @@ def ict_collection(articles, *, per: int = 4, min_sent: int = 3, max_passages: i
     "Passages (article, text without the query sentence) and one ICT query per passage, with its masked variant."
     if not articles:
         raise ParameterError("the text collection is empty")
-    rng = np.random.default_rng(data_seed)
+    rng = np_rng(data_seed, "ict", "query")
     passages, article, queries = [], [], []
     for a, text in enumerate(articles):
         sents = split_sentences(text)
@@ -1130,7 +1132,7 @@ def ict_collection(articles, *, per: int = 4, min_sent: int = 3, max_passages: i
 def article_split(article: np.ndarray, seed: int, train_frac: float = 0.7):
     "Boolean train mask over passages from a random 70/30 split of the articles."
     arts = np.unique(article)
-    rng = np.random.default_rng(seed)
+    rng = np_rng(seed, "articles", "split")
     tr = set(rng.permutation(arts)[:int(round(train_frac * len(arts)))].tolist())
     return np.array([a in tr for a in article])
 
@@ -1165,7 +1167,7 @@ def cached_states(handle: LMHandle, texts, max_tokens: int, *, cache: bool = Fal
             "n_tokens": int(sum(min(max_tokens, len(handle.tokenizer(t, add_special_tokens=False)["input_ids"])) for t in texts))}
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{np.random.randint(1 << 30)}")
+        tmp = path.with_suffix(f".tmp{uuid.uuid4().hex}")
         torch.save({"X": X.half(), **info}, tmp)
         tmp.rename(path)
         X = X.half().float()   # identical values whether read from the cache or not
