@@ -14,7 +14,8 @@ import torch
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, param, stream_seed
+from .core import rng as torch_stream
 from .lm import TinyGPT, TinyGPTConfig
 from .train import ValidationMonitor, fit
 
@@ -547,7 +548,7 @@ class TinyGPTModel:
         return np.concatenate([self.token_logprobs(s[i:i + batch]).sum(1).double().numpy() for i in range(0, len(s), batch)])
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        g = torch.Generator().manual_seed(int(rng.integers(2 ** 31 - 1)))
+        g = torch_stream(int(rng.integers(2 ** 62)), "tinygpt", "sample")   # rooted in the caller's stream
         ids = torch.full((n, 1), self.K, dtype=torch.long)
         self.net.eval()
         with torch.no_grad():
@@ -570,7 +571,7 @@ class TinyGPTFamily:
         self.histories = []
 
     def new(self, rng: np.random.Generator) -> TinyGPTModel:
-        torch.manual_seed(int(rng.integers(2 ** 31 - 1)))
+        torch.manual_seed(stream_seed(int(rng.integers(2 ** 62)), "tinygpt", "init"))  # TinyGPT initialises from the global generator
         return TinyGPTModel(TinyGPT(self.arch), self.K, self.L)
 
     def fit(self, s, rng: np.random.Generator, init: TinyGPTModel | None = None, steps: int | None = None) -> TinyGPTModel:
@@ -579,7 +580,7 @@ class TinyGPTFamily:
         perm = rng.permutation(len(s))
         n_val = max(1, len(s) // 10)
         val, tr = s[perm[:n_val]], s[perm[n_val:]]
-        g = torch.Generator().manual_seed(int(rng.integers(2 ** 31 - 1)))
+        g = torch_stream(int(rng.integers(2 ** 62)), "tinygpt", "batches")
         tr_t = torch.as_tensor(tr)
 
         def loss_fn(step):
@@ -694,7 +695,7 @@ class LMCompletionModel:
         return after == 0
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        g = torch.Generator().manual_seed(int(rng.integers(2 ** 31 - 1)))
+        g = torch_stream(int(rng.integers(2 ** 62)), "lm", "sample")       # rooted in the caller's stream
         with self._ctx():
             out = self.h.generate(self.prompt[None].repeat(n, 1), self.n_new, temperature=1.0, generator=g,
                                   stop_at_eos=False)
