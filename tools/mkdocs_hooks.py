@@ -64,7 +64,7 @@ SITE_CSS = """/* genlab site: wide code and output scroll sideways instead of be
 mjx-container[display="true"] { overflow-x: auto; overflow-y: hidden; max-width: 100%; }
 .genlab-banner { border-left: 4px solid var(--md-primary-fg-color, #3f51b5); padding: .4em .8em; margin: .5em 0 1em; }
 """
-_NB_RE = re.compile(r"^(\d\d)_(\w+)\.ipynb$")
+_NB_RE = re.compile(r"^(\d\d)[a-z]?_(\w+)\.ipynb$")
 _MD_LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
 _HTML_LINK = re.compile(r"""((?:href|src)=["'])([^"'#?]+)(["'])""")
 _REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=[\"']?(?:https?:)?//[^>]*>\s*</script>", re.I | re.S)
