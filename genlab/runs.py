@@ -55,7 +55,7 @@ def nbs_dir() -> Path:
     raise RunError("cannot find genlab's nbs/ folder: set GENLAB_NBS or run inside the project")
 
 
-_NB_RE = re.compile(r"^(\d+)_(.+)\.ipynb$")
+_NB_RE = re.compile(r"^(\d+)[a-z]?_(.+)\.ipynb$")  # NN_slug, or NNa_slug for a core notebook between NN and NN+1
 
 
 def list_notebooks(folder: Path | None = None) -> dict[str, Path]:
