@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, np_rng, param, stream_seed
 
 ROW_TOL = 1e-9  # tolerance on the row constraint a_i + sum_j W_ij = 1
 
@@ -191,7 +191,7 @@ GraphName = Literal["ring", "self", "complete", "star", "G4", "custom"]
 
 @dataclass(frozen=True)
 class SelfConsumingConfig:
-    seed: int = param(0, lo=0, help="run seed; experiments use seeds seed + 0..(their seed count)-1")
+    seed: int = param(0, lo=0, help="run seed; replicate i of an experiment draws from the streams under stream_seed(seed, experiment, i)")
     # demo experiment (the sweep's axes): graph, real fraction and loop options
     graph: GraphName = param("ring", choices=("ring", "self", "complete", "star", "G4", "custom"), help="graph of the demo experiment (G4: the four-node collapse graph; custom: custom_a/custom_W)")
     real_frac: float = param(0.2, lo=0, hi=1, help="real-data fraction a of every node (G4: of the class {2, 3})")
@@ -607,9 +607,9 @@ def mnist_codes(d: int = 16, n_train: int = 4000, seed: int = 0) -> dict:
     X, y = load_mnist5k()
     X = X.reshape(len(X), -1)
     check_range("n_train", n_train, 1, len(X) - 1)
-    perm = np.random.default_rng(seed).permutation(len(X))
+    perm = np_rng(seed, "mnist", "split").permutation(len(X))
     tr, te = perm[:n_train], perm[n_train:]
-    codec = PCACodec(X[tr], d, whiten=False, seed=seed)
+    codec = PCACodec(X[tr], d, whiten=False, seed=stream_seed(seed, "mnist", "pca") % 2**32)   # sklearn takes 32-bit seeds
     Ztr = codec.encode(X[tr]).double().numpy()
     scale = float(Ztr.std())
     Zte = codec.encode(X[te]).double().numpy()
