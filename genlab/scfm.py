@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param, set_seed
+from .core import ParameterError, check_choice, check_range, param, rng, set_seed, stream_seed
 from .data import sample_gmm
 from .metrics import ari, cluster_accuracy, frechet_distance, mmd_rbf, nmi
 from .train import History, NonFiniteLossError, ValidationMonitor, budget, fit
@@ -155,13 +155,13 @@ def _split(x, y, sizes, name, k):
 
 def make_ring_data(seed: int, n_train: int = 8000, n_val: int = 1000, n_test: int = 2000) -> dict:
     "D1 for one seed: standardised train / validation / test splits with component labels."
-    x, y = sample_ring(n_train + n_val + n_test, torch.Generator().manual_seed(1_000 + seed))
+    x, y = sample_ring(n_train + n_val + n_test, rng(seed, "data", "D1"))
     return _split(x, y, (n_train, n_val), "D1", 8)
 
 
 def make_pinwheel_data(seed: int, n_per_arm: int = 400, n_val: int = 1000, n_test: int = 2000, n_arms: int = 5) -> dict:
     "D2 for one seed: `n_per_arm` training points per arm, then validation and test draws of the same generator."
-    g = torch.Generator().manual_seed(2_000 + seed)
+    g = rng(seed, "data", "D2")
     parts = [sample_pinwheel(n // n_arms, g, n_arms=n_arms) for n in (n_per_arm * n_arms, n_val, n_test)]
     x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     return _split(x, y, (len(parts[0][0]), len(parts[1][0])), "D2", n_arms)
@@ -170,14 +170,15 @@ def make_pinwheel_data(seed: int, n_per_arm: int = 400, n_val: int = 1000, n_tes
 def _digit_splits(X, y, n_test, n_val, seed):
     from sklearn.model_selection import train_test_split
     idx = np.arange(len(X))
-    itr, ite = train_test_split(idx, test_size=n_test, stratify=y.numpy(), random_state=seed)
-    itr, iva = train_test_split(itr, test_size=n_val, stratify=y.numpy()[itr], random_state=seed)
+    # sklearn takes seeds below 2**32: the named stream's seed, reduced
+    itr, ite = train_test_split(idx, test_size=n_test, stratify=y.numpy(), random_state=stream_seed(seed, "split", "test") % 2**32)
+    itr, iva = train_test_split(itr, test_size=n_val, stratify=y.numpy()[itr], random_state=stream_seed(seed, "split", "val") % 2**32)
     return itr, iva, ite
 
 
-def _pca20_features(train_pixels: np.ndarray, to_pixels, k: int = 20):
+def _pca20_features(train_pixels: np.ndarray, to_pixels, k: int = 20, seed: int = 0):
     from sklearn.decomposition import PCA
-    pca = PCA(k, random_state=0).fit(train_pixels)
+    pca = PCA(k, random_state=stream_seed(seed, "fd-pca") % 2**32).fit(train_pixels)
     return lambda x: torch.as_tensor(pca.transform(to_pixels(x)), dtype=torch.float64)
 
 
@@ -190,7 +191,7 @@ def load_digits_data(n_test: int = 297, n_val: int = 150, seed: int = 0) -> dict
     d = {"name": "D3", "kind": "digits", "k": 10, "x_train": X[itr], "y_train": y[itr], "x_val": X[iva], "y_val": y[iva],
          "x_test": X[ite], "y_test": y[ite], "pixels_test": X[ite].numpy(),
          "to_images": lambda x: ((x.detach().reshape(-1, 8, 8) + 1) / 2).clamp(0, 1)}
-    d["feat"] = _pca20_features(X[itr].numpy(), lambda x: x.detach().double().numpy())
+    d["feat"] = _pca20_features(X[itr].numpy(), lambda x: x.detach().double().numpy(), seed=seed)
     d["fd_floor"] = frechet_distance(d["feat"](d["x_train"]), d["feat"](d["x_test"]))
     return d
 
@@ -202,7 +203,7 @@ def load_mnist_data(n_components: int = 32, n_test: int = 1000, n_val: int = 400
     X, y = load_mnist5k()
     X = X.reshape(len(X), -1) * 2 - 1
     itr, iva, ite = _digit_splits(X, y, n_test, n_val, seed)
-    pca = PCA(n_components, random_state=seed).fit(X[itr].numpy())
+    pca = PCA(n_components, random_state=stream_seed(seed, "model-pca") % 2**32).fit(X[itr].numpy())
     Z = torch.as_tensor(pca.transform(X.numpy()), dtype=torch.float32)
     scale = float(Z[itr].pow(2).mean().sqrt())
     Z = Z / scale
@@ -211,7 +212,7 @@ def load_mnist_data(n_components: int = 32, n_test: int = 1000, n_val: int = 400
          "x_test": Z[ite], "y_test": y[ite], "pixels_test": X[ite].numpy(), "pixels_train": X[itr].numpy(),
          "explained": float(pca.explained_variance_ratio_.sum()),
          "to_images": lambda z: torch.as_tensor((to_pixels(z) + 1) / 2, dtype=torch.float32).clamp(0, 1).reshape(-1, 28, 28)}
-    d["feat"] = _pca20_features(X[itr].numpy(), to_pixels)
+    d["feat"] = _pca20_features(X[itr].numpy(), to_pixels, seed=seed)
     d["fd_floor"] = frechet_distance(d["feat"](d["x_train"]), d["feat"](d["x_test"]))
     return d
 
@@ -720,9 +721,10 @@ def trunk_parameters(net: RecognitionNet) -> list:
 class GradNormLog:
     "M10 callback: ‖∇_trunk‖ of each loss term by separate backward passes on one batch (its own generator; no optimiser step)."
 
-    def __init__(self, model: SCFM, x_train: torch.Tensor, batch_size: int, loss_kw: dict, schedule, seed: int = 0):
+    def __init__(self, model: SCFM, x_train: torch.Tensor, batch_size: int, loss_kw: dict, schedule,
+                 generator: torch.Generator | None = None):
         self.model, self.x, self.b, self.kw, self.schedule = model, x_train, batch_size, loss_kw, schedule
-        self.g = torch.Generator().manual_seed(seed)
+        self.g = generator if generator is not None else torch.Generator()
         self.steps, self.norms = [], {"fm": [], "lvm": [], "t": []}
 
     def __call__(self, step: int, history=None) -> bool:
@@ -783,16 +785,15 @@ def _clustering(model: SCFM, data: dict) -> dict:
 
 
 @torch.no_grad()
-def _neg_elbo(model: SCFM, x: torch.Tensor, seed: int) -> float:
+def _neg_elbo(model: SCFM, x: torch.Tensor, generator: torch.Generator) -> float:
     logits, mu, logvar = model.net.posterior(model.net.features(x, 1.0))
-    r, kz, kc = elbo_terms(x, logits, mu, logvar, model.decoder, model.prior, model.sigma0,
-                           torch.Generator().manual_seed(seed))
+    r, kz, kc = elbo_terms(x, logits, mu, logvar, model.decoder, model.prior, model.sigma0, generator)
     return float(-(r - kz - kc).mean())
 
 
 def evaluate_scfm(model: SCFM, data: dict, cfg: SCFMConfig, seed: int, flow: bool = True) -> dict:
     "Test-split scores of a trained SCFM variant: fidelity at NFE 0 (B2) and every NFE, M3, M4, M5, M9, C6 and the NMI rows."
-    ge = torch.Generator().manual_seed(50_000 + seed)
+    ge = rng(seed, "eval")
     out = {"fid": {}, "finite": True, **_clustering(model, data)}
     for nfe in (0,) + (tuple(cfg.nfes) if flow else ()):
         x = sample_scfm(model, cfg.n_eval, nfe, ge)["x"]
@@ -817,14 +818,14 @@ def run_experiment(cfg: SCFMConfig, data: dict, seed: int, variants=("scfm",), w
         check_choice("variant", v, VARIANTS)
     hp = data_settings(cfg, data)
     xtr = data["x_train"]
-    set_seed(seed)  # layer initialisation
+    set_seed(stream_seed(seed, "init"))  # torch layers draw their initial weights from the global RNG
     base = SCFM(hp["dim"], hp["k"], hp["latent"], hidden=hp["hidden"], n_layers=cfg.n_layers, dec_hidden=hp["hidden"],
                 dec_layers=cfg.dec_layers, sigma0=cfg.sigma0, source_mode=cfg.source_mode, vel_uses_z=cfg.vel_uses_z,
-                generator=torch.Generator().manual_seed(seed))
+                generator=rng(seed, "init", "prior"))
     res = {"seed": seed, "data": data["name"], "hp": hp, "random_init": _clustering(base, data), "models": {}, "hists": {},
            "curves": {}, "budgets": {}, "usage": {}, "grads": {}, "eval": {}}
     pre = pretrain_scfm(base, xtr, steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=hp["lr"],
-                        generator=torch.Generator().manual_seed(10_000 + seed), progress=progress, desc=data["name"])
+                        generator=rng(seed, "pretrain"), progress=progress, desc=data["name"])
     res["init"] = _clustering(base, data)
     res["pretrain"] = {"steps": pre["steps"], "seconds": pre["seconds"]}
     patience = cfg.patience if cfg.stop_rule else None
@@ -837,10 +838,10 @@ def run_experiment(cfg: SCFMConfig, data: dict, seed: int, variants=("scfm",), w
         m = copy.deepcopy(base)
         m.sigma0 = float(s0)
         if name == "b3":
-            score = lambda m=m: _neg_elbo(m, data["x_val"], 60_000 + seed)  # noqa: E731
+            score = lambda m=m: _neg_elbo(m, data["x_val"], rng(seed, "val", "elbo"))  # noqa: E731
         else:
             score = lambda m=m: fidelity(data, sample_scfm(m, cfg.n_eval, hp["val_nfe"],  # noqa: E731
-                                                           torch.Generator().manual_seed(70_000 + seed))["x"], "val")
+                                                           rng(seed, "val", "sample"))["x"], "val")
         mon = StopRule(score, m, patience=patience, min_improvement=cfg.min_improvement)
         every = [(hp["eval_every"], mon)]
         if name in log_usage:
@@ -849,10 +850,10 @@ def run_experiment(cfg: SCFMConfig, data: dict, seed: int, variants=("scfm",), w
         if name in log_grads:
             lkw = {k: v for k, v in kw.items() if k not in ("kl_warmup", "pi_fixed_frac")}
             res["grads"][name] = GradNormLog(m, xtr, cfg.batch_size, lkw, loss_schedule(hv["max_steps"], cfg.kl_warmup,
-                                                                                      cfg.pi_fixed_frac), seed=80_000 + seed)
+                                                                                      cfg.pi_fixed_frac), generator=rng(seed, "grad-log"))
             every.append((cfg.grad_every, res["grads"][name]))
         hist = train_scfm(m, xtr, steps=main_max, schedule_steps=hv["max_steps"], batch_size=cfg.batch_size, lr=hp["lr"],
-                          generator=torch.Generator().manual_seed(20_000 + seed), every=every, progress=progress,
+                          generator=rng(seed, "train"), every=every, progress=progress,
                           desc=f"{data['name']} {name}", **kw)
         if cfg.stop_rule and mon._best_state is not None:
             mon.restore_best()
@@ -865,14 +866,14 @@ def run_experiment(cfg: SCFMConfig, data: dict, seed: int, variants=("scfm",), w
         res["curves"][name] = {"steps": [s + pre["steps"] for s in mon.steps], "values": list(mon.values)}
         res["eval"][name] = evaluate_scfm(m, data, cfg, seed, flow=name != "b3")
     if with_b1:
-        set_seed(seed + 500)
+        set_seed(stream_seed(seed, "b1", "init"))  # torch layers: global RNG
         net = RecognitionNet(hp["dim"], hp["k"], hp["latent"], hp["hidden"], cfg.n_layers)
-        gfix = lambda: torch.Generator().manual_seed(70_000 + seed)  # noqa: E731
+        gfix = lambda: rng(seed, "val", "sample")  # noqa: E731
         mon = StopRule(lambda: fidelity(data, sample_icfm(net, torch.randn(cfg.n_eval, hp["dim"], generator=gfix()),
                                                          hp["val_nfe"]), "val"), net, patience=patience,
                        min_improvement=cfg.min_improvement)
         hist = train_icfm(net, xtr, steps=hp["max_steps"], batch_size=cfg.batch_size, lr=hp["lr"],
-                          generator=torch.Generator().manual_seed(20_000 + seed), every=[(hp["eval_every"], mon)],
+                          generator=rng(seed, "train"), every=[(hp["eval_every"], mon)],
                           progress=progress)
         if cfg.stop_rule and mon._best_state is not None:
             mon.restore_best()
@@ -880,7 +881,7 @@ def run_experiment(cfg: SCFMConfig, data: dict, seed: int, variants=("scfm",), w
         b.update(params=sum(p.numel() for p in velocity_params(net)), max_steps=hp["max_steps"], hit_budget=mon.hit_budget)
         res["models"]["b1"], res["hists"]["b1"], res["budgets"]["b1"] = net, hist, b
         res["curves"]["b1"] = {"steps": list(mon.steps), "values": list(mon.values)}
-        ge = torch.Generator().manual_seed(50_000 + seed)
+        ge = rng(seed, "eval")
         fid = {}
         for nfe in cfg.nfes:
             x = sample_icfm(net, torch.randn(cfg.n_eval, hp["dim"], generator=ge), nfe)
@@ -888,8 +889,8 @@ def run_experiment(cfg: SCFMConfig, data: dict, seed: int, variants=("scfm",), w
         res["eval"]["b1"] = {"fid": fid}
     if data["kind"] == "2d":
         from sklearn.cluster import KMeans
-        noise = torch.randn(data["x_test"].shape, generator=torch.Generator().manual_seed(90_000 + seed))
-        pred = KMeans(hp["k"], n_init=4, random_state=seed).fit_predict(noise.numpy())
+        noise = torch.randn(data["x_test"].shape, generator=rng(seed, "control", "noise"))
+        pred = KMeans(hp["k"], n_init=4, random_state=stream_seed(seed, "control", "kmeans") % 2**32).fit_predict(noise.numpy())
         res["ctrl_kmeans_noise"] = {"nmi": nmi(data["y_test"], pred), "acc": cluster_accuracy(data["y_test"], pred)}
     else:
         from sklearn.linear_model import LogisticRegression
