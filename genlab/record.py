@@ -15,7 +15,8 @@ import torch
 RECORD_MIME = "application/vnd.genlab.record+json"
 
 # %% auto #0
-__all__ = ['RECORD_MIME', 'to_jsonable', 'record', 'fmt', 'esc', 'md', 'caption', 'ClaimFailed', 'claim_text', 'Claims']
+__all__ = ['RECORD_MIME', 'to_jsonable', 'record', 'fmt', 'esc', 'md', 'caption', 'ClaimFailed', 'verdict_text', 'claim_text',
+           'Claims']
 
 # %% ../nbs/06_record.ipynb #6e7398e3
 def to_jsonable(value: Any) -> Any:
@@ -117,7 +118,7 @@ def caption(text: str,  # the caption of the figure shown just before, in the sa
     _emit({"kind": "caption", "text": text, "claims": list(claims)}, f"Figure: {text}")
     return text
 
-# %% ../nbs/06_record.ipynb #4aa39664
+# %% ../nbs/06_record.ipynb #34ccd88d
 class ClaimFailed(AssertionError):
     "A sanity claim was false: the implementation is broken."
 
@@ -137,30 +138,59 @@ def _estimate_text(item: dict) -> str:
     return f"{fmt(m)} [{fmt(lo)}, {fmt(hi)}] (n = {n})"
 
 
+def verdict_text(item: dict) -> str:
+    "The verdict with its reason and, where a rule set it aside, the verdict the claim measured."
+    v = item.get("verdict", "")
+    if v != "unresolved" or not item.get("reason"):
+        return v
+    measured = item.get("measured")
+    return f"unresolved ({item['reason']}" + (f"; measured {measured}" if measured and measured != "unresolved" else "") + ")"
+
+
 def claim_text(item: dict) -> str:
-    "One line for a recorded claim: verdict, statistic with interval, threshold (e.g. for prose)."
+    "One line for a recorded claim: verdict (with its reason), statistic with interval, threshold (e.g. for prose)."
     if item.get("kind") != "paper" or not item.get("estimate"):
         return f"{item.get('verdict', 'true' if item.get('ok') else 'false')} ({_estimate_text(item)})"
     what = {"value": "", "diff": "difference ", "ratio": "ratio "}[item.get("stat", "value")]
-    return (f"{item['verdict']}: {what}{_estimate_text(item)} against {item['direction']} "
+    return (f"{verdict_text(item)}: {what}{_estimate_text(item)} against {item['direction']} "
             f"{fmt(item['threshold'])}")
 
-
-def _requirements(requires) -> list[dict] | None:
-    if requires is None:
-        return None
-    reqs = [requires] if isinstance(requires, Mapping) else list(requires)
-    for r in reqs:
-        if not isinstance(r, Mapping) or "name" not in r or "ok" not in r:
-            raise ValueError(f"requires: each precondition is a dict with 'name' and 'ok'; got {r!r}")
-    return [to_jsonable({**r, "ok": bool(r["ok"])}) for r in reqs]
+# %% ../nbs/06_record.ipynb #65104727
+def _values_list(values) -> list:
+    "Per-seed values as JSON: a flat list, or one list of within-seed draws per seed."
+    if len(values) and all(isinstance(v, (list, tuple, np.ndarray, torch.Tensor)) for v in values):
+        return [to_jsonable(list(np.asarray(v, dtype=float).reshape(-1))) for v in values]
+    return to_jsonable(list(np.asarray(values, dtype=float).reshape(-1)))
 
 
+def _health_ok(value, target: float, direction: str) -> bool:
+    import operator
+    ops = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+    if direction not in ops:
+        raise ValueError(f"direction must be one of {tuple(ops)}, got {direction!r}")
+    vals = np.asarray(value, dtype=float).reshape(-1)
+    return bool(vals.size) and bool(np.all(np.isfinite(vals))) and all(ops[direction](float(v), float(target)) for v in vals)
+
+
+def _refuse(name: str, spec: dict, exact: str | None):
+    "Raise `ClaimRefused` for a control that cannot fail or a deterministic claim not declared exact."
+    from genlab.stats import ClaimRefused, control_problem, spec_statistic
+    problem = control_problem(spec)
+    if problem:
+        raise ClaimRefused(f"claim {name!r}: control {spec['control'].get('name', '')!r} is refused: {problem}; "
+                           "a control is a different run with the mechanism removed, judged on the claim's threshold")
+    s = spec_statistic(spec)
+    if s.size >= 3 and np.ptp(s) == 0 and not exact:
+        raise ClaimRefused(f"claim {name!r}: its per-seed values are all {s[0]:.6g} over {s.size} seeds: a deterministic "
+                           "fact is a sanity check (claims.sanity), or declare it exact=\"why\" to keep it a paper claim")
+
+# %% ../nbs/06_record.ipynb #0b90e3f8
 class Claims:
-    "Collects the claims of a notebook: paper claims decided on seeds, sanity guards (raise when false), calibration targets."
+    "Collects a notebook's claims: paper claims decided on seeds, health checks, calibration targets, sanity guards."
 
-    def __init__(self):
+    def __init__(self, headline: str | None = None):  # the headline paper claim: its name, or the id its name starts with
         self.items: list[dict] = []
+        self.headline = headline
 
     def _add(self, item: dict, text: str):
         self.items = [i for i in self.items if i["name"] != item["name"]] + [item]
@@ -173,18 +203,44 @@ class Claims:
         raise KeyError(f"no claim named {name!r}; recorded: {[i['name'] for i in self.items]}")
 
     def text(self, name: str) -> str:
-        "The claim's verdict and interval as one phrase, for prose rendered from records."
+        "The claim's verdict (with its reason) and interval as one phrase, for prose rendered from records."
         return claim_text(self[name])
 
+    def is_headline(self, name: str) -> bool:
+        "Whether `name` is the headline declared in `Claims(headline=...)` (the name, or its leading id)."
+        h = self.headline
+        return bool(h) and (name == h or name.startswith(h + " "))
+
+    def _requirements(self, name: str, requires) -> list[dict] | None:
+        "Preconditions as dicts: names of recorded health/calibration/sanity checks, or {'name', 'ok'} dicts."
+        if requires is None:
+            return None
+        reqs = [requires] if isinstance(requires, (Mapping, str)) else list(requires)
+        out = []
+        for r in reqs:
+            if isinstance(r, str):
+                try:
+                    item = self[r]
+                except KeyError:
+                    raise ValueError(f"claim {name!r} requires {r!r}, which is not a recorded check; record it first "
+                                     f"with claims.health(...); recorded: {[i['name'] for i in self.items]}") from None
+                r = {"name": r, "ok": bool(item.get("ok")), **{k: item[k] for k in ("value", "target", "direction")
+                                                               if item.get(k) is not None}}
+            if not isinstance(r, Mapping) or "name" not in r or "ok" not in r:
+                raise ValueError(f"claim {name!r}: each precondition is a check name or a dict with 'name' and 'ok'; got {r!r}")
+            out.append(to_jsonable({**r, "ok": bool(r["ok"])}))
+        return out
+
     def paper(self, name: str,  # the claim, as a short sentence a metric can decide
-              values: Sequence[float],  # per-seed values of the method (or of the statistic when stat='value')
+              values: Sequence,  # per-seed values (or one list of within-seed draws per seed)
               *,
               threshold: float,  # the claim holds when statistic `direction` threshold
               direction: str = ">=",  # one of >, >=, <, <=
-              baseline: Sequence[float] | None = None,  # per-seed baseline values, paired with `values` by seed
+              baseline: Sequence | None = None,  # per-seed baseline values, paired with `values` by seed
               stat: str = "value",  # "value", "diff" (values - baseline) or "ratio" (values / baseline)
               control: dict | None = None,  # negative control: {"name", "values"[, "baseline", "threshold", "direction"]}
-              seeds: Sequence[int] | None = None,  # the seeds the values come from
+              seeds: Sequence[int] | None = None,  # the seed of each value (repeats: draws within one seed)
+              reduce: str = "mean",  # how draws within a seed become its value: "mean" or "median"
               paper: Any = None,  # the paper's own figure for this claim, where the spec gives one
               budget: dict | None = None,  # budget table for a method-vs-baseline claim: steps, samples, params, wall_s, stop
               figure: str | None = None,  # caption or label of the figure that shows the evidence
@@ -192,31 +248,47 @@ class Claims:
               method: str = "t",  # interval: "t" or "bootstrap"
               center: str = "mean",  # "mean", or "median" (with method="bootstrap")
               note: str = "",  # one sentence on what is measured
-              requires: dict | Sequence[dict] | None = None,  # preconditions {"name", "ok"[, evidence]}: one missed -> unresolved
+              requires: str | dict | Sequence | None = None,  # health checks / preconditions it rests on
+              exact: str | None = None,  # why a deterministic (zero-variance) claim is still a paper claim
               **evidence,  # further numbers worth keeping with the claim
               ) -> str:
         "Decide a paper claim on per-seed evidence (see `genlab.stats.evaluate`); record it; return the verdict."
         from genlab.stats import evaluate
-        spec = {"name": name, "kind": "paper", "values": to_jsonable(list(np.asarray(values, dtype=float).reshape(-1))),
-                "baseline": None if baseline is None else to_jsonable(list(np.asarray(baseline, dtype=float).reshape(-1))),
+        spec = {"name": name, "kind": "paper", "values": _values_list(values),
+                "baseline": None if baseline is None else _values_list(baseline),
                 "stat": stat, "threshold": float(threshold), "direction": direction, "level": level, "method": method,
-                "center": center,
+                "center": center, "reduce": reduce, "exact": exact,
                 "seeds": None if seeds is None else [int(s) for s in seeds],
                 "control": to_jsonable(control) if control else None,
-                "requires": _requirements(requires)}
+                "requires": self._requirements(name, requires)}
         if spec["seeds"] is not None and len(spec["seeds"]) != len(spec["values"]):
             raise ValueError(f"claim {name!r}: {len(spec['seeds'])} seeds for {len(spec['values'])} values")
+        _refuse(name, spec, exact)
         res = evaluate(spec)
         item = {**spec, **res, "ok": res["verdict"] == "supported", "sanity": False, "paper": to_jsonable(paper),
                 "budget": to_jsonable(budget), "figure": figure, "note": note, "evidence": to_jsonable(evidence),
-                "legacy": False}
+                "legacy": False, "headline": self.is_headline(name)}
         ctrl = item.get("control")
         ctext = f"; control {ctrl['name']}: {ctrl['verdict']}" if ctrl else ""
-        self._add(item, f"[paper] {name}: {claim_text(item)}{ctext}" + (f" -- {res['reason']}" if res["reason"] else ""))
+        self._add(item, f"[paper] {name}: {claim_text(item)}{ctext}")
         return item["verdict"]
 
+    def health(self, name: str,  # the component's health check, e.g. "tokenizer IoU (procedural shapes)"
+               value,  # its measured value (or one per seed: every one must meet the target)
+               target: float,  # the spec's health target
+               direction: str = ">=",  # healthy when value `direction` target
+               note: str = "", **evidence) -> bool:
+        "Record a component's health target (never raises); paper claims name it in `requires=` to rest on it."
+        ok = _health_ok(value, target, direction)
+        v = to_jsonable(value if np.ndim(value) == 0 else list(np.asarray(value, dtype=float).reshape(-1)))
+        item = {"name": name, "kind": "health", "ok": ok, "sanity": False, "verdict": "met" if ok else "missed",
+                "value": v, "target": float(target), "direction": direction, "note": note,
+                "evidence": to_jsonable(evidence), "legacy": False}
+        self._add(item, f"[health] {name}: {item['verdict']} ({fmt(v)} vs {direction} {fmt(float(target))})")
+        return ok
+
     def sanity(self, name: str, ok: bool, note: str = "", **evidence) -> bool:
-        "Record an implementation guard; raise `ClaimFailed` when it is false."
+        "Record an implementation guard or a property that holds by construction; raise `ClaimFailed` when false."
         return self.check(name, ok, sanity=True, note=note, **evidence)
 
     def calibration(self, name: str, ok: bool, note: str = "", **evidence) -> bool:
@@ -244,36 +316,56 @@ class Claims:
         return all(i["ok"] for i in self.items if i["sanity"])
 
     def counts(self) -> dict:
-        "Paper-claim verdict counts."
+        "Paper-claim verdict counts, and the unresolved ones by reason."
         paper = [i for i in self.items if i.get("kind", "sanity" if i["sanity"] else "paper") == "paper"]
-        return {v: sum(i["verdict"] == v for i in paper) for v in ("supported", "contradicted", "unresolved")}
+        out = {v: sum(i["verdict"] == v for i in paper) for v in ("supported", "contradicted", "unresolved")}
+        out["reasons"] = {}
+        for i in paper:
+            if i["verdict"] == "unresolved":
+                code = i.get("reason_code") or "unresolved"
+                out["reasons"][code] = out["reasons"].get(code, 0) + 1
+        return out
 
-    def table(self) -> str:
-        "The claims as a markdown table: paper claims first (value ± interval, threshold, control, verdict), then the rest."
-        rows = ["| claim | kind | value ± 95% interval | threshold | paper | negative control | verdict |",
-                "|---|---|---|---|---|---|---|"]
-        order = {"paper": 0, "calibration": 1, "sanity": 2}
-        for i in sorted(self.items, key=lambda i: order.get(i.get("kind"), 3)):
-            kind = i.get("kind", "sanity" if i["sanity"] else "paper")
-            thr = f"{i['direction']} {fmt(i['threshold'])}" if i.get("threshold") is not None else ""
-            if i.get("stat") in ("diff", "ratio"):
-                thr = f"{i['stat']} {thr}"
-            ctrl = i.get("control")
-            ctext = f"{esc(ctrl['name'])}: {_estimate_text(ctrl)}, {ctrl['verdict']}" if ctrl else ""
-            verdict = i["verdict"]
-            if kind == "paper":
-                verdict = {"supported": "**supported**", "contradicted": "**contradicted**"}.get(verdict, verdict)
-                if i.get("legacy"):
-                    verdict += " (1 measurement)"
-            rows.append(f"| {esc(i['name'])} | {kind} | {esc(_estimate_text(i))} | {esc(thr)} | "
-                        f"{esc(fmt(i['paper'])) if i.get('paper') is not None else ''} | {ctext} | {verdict} |")
-        return "\n".join(rows)
+# %% ../nbs/06_record.ipynb #7cb61dac
+def _claims_table(items: list[dict]) -> str:
+    rows = ["| claim | kind | value ± 95% interval | threshold | effect | paper | negative control | verdict |",
+            "|---|---|---|---|---|---|---|---|"]
+    order = {"paper": 0, "health": 1, "calibration": 2, "sanity": 3}
+    for i in sorted(items, key=lambda i: (order.get(i.get("kind"), 4), not i.get("headline"))):
+        kind = i.get("kind", "sanity" if i["sanity"] else "paper")
+        thr = f"{i['direction']} {fmt(i['threshold'])}" if i.get("threshold") is not None else ""
+        if i.get("stat") in ("diff", "ratio"):
+            thr = f"{i['stat']} {thr}"
+        ctrl = i.get("control")
+        ctext = f"{esc(ctrl['name'])}: {_estimate_text(ctrl)}, {ctrl['verdict']}" if ctrl else ""
+        verdict = verdict_text(i)
+        if kind == "paper":
+            verdict = {"supported": "**supported**", "contradicted": "**contradicted**"}.get(verdict, verdict)
+            verdict += " (1 measurement)" if i.get("legacy") else ""
+        value = _estimate_text(i) if kind != "health" else f"{fmt(i.get('value'))} vs {i.get('direction')} {fmt(i.get('target'))}"
+        name = ("★ " if i.get("headline") else "") + i["name"]
+        rows.append(f"| {esc(name)} | {kind} | {esc(value)} | {esc(thr)} | {i.get('effect', '')} | "
+                    f"{esc(fmt(i['paper'])) if i.get('paper') is not None else ''} | {ctext} | {esc(verdict)} |")
+    return "\n".join(rows)
 
-    def summary(self):
-        "Show the claims table and record the list of claims."
-        md(self.table())
-        c = self.counts()
-        _emit({"kind": "claims", "items": self.items},
-              f"paper claims: {c['supported']} supported, {c['contradicted']} contradicted, {c['unresolved']} unresolved; "
-              f"sanity {'all true' if self.all_sanity_ok else 'NOT all true'}")
-        return self
+
+def _table(self) -> str:
+    "The claims as a markdown table: the headline first, paper claims (value ± interval, control, verdict and reason), then the rest."
+    return _claims_table(self.items)
+
+
+def _summary(self):
+    "Show the claims table and record the list of claims (the headline must be a recorded paper claim)."
+    if self.headline and not any(i.get("headline") for i in self.items):
+        raise ValueError(f"headline {self.headline!r} is not a recorded paper claim; paper claims: "
+                         f"{[i['name'] for i in self.items if i.get('kind') == 'paper']}")
+    md(self.table())
+    c = self.counts()
+    why = ", ".join(f"{n} {k}" for k, n in sorted(c["reasons"].items()))
+    _emit({"kind": "claims", "items": self.items, "headline": self.headline},
+          f"paper claims: {c['supported']} supported, {c['contradicted']} contradicted, {c['unresolved']} unresolved"
+          + (f" ({why})" if why else "") + f"; sanity {'all true' if self.all_sanity_ok else 'NOT all true'}")
+    return self
+
+
+Claims.table, Claims.summary = _table, _summary
