@@ -17,10 +17,48 @@ import torch
 from .core import ParameterError, check_choice, check_range
 
 # %% auto #0
-__all__ = ['TOY_SAMPLERS', 'MNIST_ENV', 'MNIST_FILES', 'MOVIELENS_ENV', 'ML100K_GENRES', 'TEXT_CORPORA', 'sample_8gaussians',
-           'sample_moons', 'sample_gaussian', 'sample_checkerboard', 'sample_gmm', 'sample_toy', 'MissingPackageError',
-           'require_package', 'package_dir', 'read_idx', 'mnist_raw_dir', 'load_mnist', 'load_mnist5k', 'load_digits',
-           'PCACodec', 'movielens_dir', 'load_movielens100k', 'load_text_corpus']
+__all__ = ['TOY_SAMPLERS', 'MNIST_ENV', 'MNIST_FILES', 'MOVIELENS_ENV', 'ML100K_GENRES', 'TEXT_CORPORA', 'ring_centres',
+           'sample_ring', 'sample_8gaussians', 'sample_moons', 'sample_gaussian', 'sample_checkerboard', 'sample_gmm',
+           'sample_toy', 'MissingPackageError', 'require_package', 'package_dir', 'read_idx', 'mnist_raw_dir',
+           'load_mnist', 'load_mnist5k', 'load_digits', 'PCACodec', 'movielens_dir', 'load_movielens100k',
+           'load_text_corpus']
+
+# %% ../nbs/01_data.ipynb #7a45a4ae
+def ring_centres(k: int = 8,  # number of components
+                 radius: float = 4.0,  # radius r of the circle
+                 ) -> torch.Tensor:
+    "The means c_j of Eq. 1: (k, 2) float64."
+    check_range("k", k, 1)
+    ang = torch.arange(k, dtype=torch.float64) * (2 * math.pi / k)
+    return radius * torch.stack([ang.cos(), ang.sin()], dim=1)
+
+
+def sample_ring(n: int,  # number of points
+                generator: torch.Generator | np.random.Generator | None = None,  # torch (or None) -> torch; numpy -> numpy
+                *,
+                k: int = 8,  # number of components
+                radius: float = 4.0,  # radius r of the circle of means
+                std: float = 0.5,  # per-coordinate standard deviation sigma of each component
+                labels: bool = False,  # also return the component index J (n,)
+                dtype: torch.dtype | None = None,  # torch output dtype (default float32); numpy output is float64
+                ):
+    "`n` points of Eq. 1, `k` Gaussians on a circle: (n, 2), and the labels (n,) when `labels`."
+    check_range("n", n, 1); check_range("k", k, 1); check_range("std", std, 0)
+    if isinstance(generator, np.random.Generator):
+        th = 2 * np.pi * np.arange(k) / k
+        centres = radius * np.stack([np.cos(th), np.sin(th)], 1)
+        j = generator.integers(k, size=n)
+        x = centres[j] + std * generator.standard_normal((n, 2))
+        return (x, j) if labels else x
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ParameterError(f"generator must be a torch.Generator, a numpy Generator or None, got {type(generator).__name__}")
+    dev = generator.device if generator is not None else torch.device("cpu")
+    dtype = dtype or torch.float32
+    j = torch.randint(0, k, (n,), generator=generator, device=dev)
+    angle = j.to(dtype) * (2 * math.pi / k)
+    centres = radius * torch.stack([torch.cos(angle), torch.sin(angle)], dim=1)
+    x = centres + std * torch.randn(n, 2, generator=generator, device=dev, dtype=dtype)
+    return (x, j) if labels else x
 
 # %% ../nbs/01_data.ipynb #b92df379
 def sample_8gaussians(n: int, generator: torch.Generator | None = None, *,
@@ -77,7 +115,7 @@ def sample_gmm(n: int, means: torch.Tensor, stds: torch.Tensor | float, weights:
 
 
 TOY_SAMPLERS = {"8gaussians": sample_8gaussians, "moons": sample_moons, "gaussian": sample_gaussian,
-                "checkerboard": sample_checkerboard}
+                "checkerboard": sample_checkerboard, "ring": sample_ring}
 
 
 def sample_toy(name: str, n: int, generator: torch.Generator | None = None, **kwargs) -> torch.Tensor:

@@ -3,8 +3,8 @@ import torch
 
 from genlab.core import ParameterError
 from genlab.data import (MissingPackageError, load_digits, load_mnist5k, load_movielens100k, load_text_corpus,
-                         movielens_dir, package_dir, require_package, sample_8gaussians, sample_gmm, sample_moons,
-                         sample_toy)
+                         movielens_dir, package_dir, require_package, ring_centres, sample_8gaussians, sample_gmm,
+                         sample_moons, sample_ring, sample_toy)
 
 
 def test_toy_samplers_shapes_and_statistics():
@@ -20,6 +20,60 @@ def test_toy_samplers_shapes_and_statistics():
         sample_toy("spiral", 5)
     with pytest.raises(ParameterError, match="n must be"):
         sample_moons(0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_sample_ring_component_moments_and_labels(backend):
+    "Eq. 1 of 01_data: component j has mean r (cos 2 pi j / k, sin 2 pi j / k) and per-coordinate std sigma."
+    import math
+    import numpy as np
+    n, k, r, s = 60_000, 6, 3.0, 0.4
+    gen = torch.Generator().manual_seed(0) if backend == "torch" else np.random.default_rng(0)
+    x, j = sample_ring(n, gen, k=k, radius=r, std=s, labels=True)
+    if backend == "torch":
+        assert isinstance(x, torch.Tensor) and x.dtype == torch.float32 and j.dtype == torch.long
+    else:
+        assert isinstance(x, np.ndarray) and x.dtype == np.float64 and np.issubdtype(j.dtype, np.integer)
+    x, j = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(j)
+    assert x.shape == (n, 2) and j.shape == (n,) and set(j.tolist()) == set(range(k))
+    freq = torch.bincount(j, minlength=k).double() / n
+    assert (freq - 1 / k).abs().max() < 4.5 * math.sqrt((1 / k) * (1 - 1 / k) / n)
+    for c in range(k):
+        xc = x[j == c]
+        mean = torch.tensor([r * math.cos(2 * math.pi * c / k), r * math.sin(2 * math.pi * c / k)], dtype=torch.float64)
+        assert (xc.mean(0) - mean).abs().max() < 4.5 * s / math.sqrt(len(xc))
+        assert (xc.std(0) / s - 1).abs().max() < 4.5 / math.sqrt(2 * len(xc))
+        assert abs(float(torch.corrcoef(xc.T)[0, 1])) < 4.5 / math.sqrt(len(xc))     # isotropic
+    assert torch.allclose(ring_centres(k, r), torch.stack([x[j == c].mean(0) for c in range(k)]), atol=0.02)
+
+
+def test_sample_ring_reproducible_defaults_dtype_and_errors():
+    import numpy as np
+    a = sample_ring(200, torch.Generator().manual_seed(3), k=5)
+    assert torch.equal(a, sample_ring(200, torch.Generator().manual_seed(3), k=5))
+    assert not torch.equal(a, sample_ring(200, torch.Generator().manual_seed(4), k=5))
+    assert np.array_equal(sample_ring(200, np.random.default_rng(3)), sample_ring(200, np.random.default_rng(3)))
+    x = sample_ring(20_000, torch.Generator().manual_seed(0))                         # defaults: k 8, r 4, std 0.5
+    assert x.shape == (20_000, 2) and abs(float(x.norm(dim=1).mean()) - 4.0) < 0.1
+    x0, l0 = sample_ring(50, torch.Generator().manual_seed(1), labels=True)
+    assert torch.equal(x0, sample_ring(50, torch.Generator().manual_seed(1)))          # labels=True: same draw
+    assert sample_ring(10, dtype=torch.float64).dtype == torch.float64
+    assert sample_toy("ring", 10, torch.Generator().manual_seed(0)).shape == (10, 2)
+    # with k = 8 it is sample_8gaussians' draw, value for value (the ring replaces it)
+    for r, s in ((4.0, 0.5), (2.0, 0.2)):
+        assert torch.equal(sample_ring(300, torch.Generator().manual_seed(2), radius=r, std=s),
+                           sample_8gaussians(300, torch.Generator().manual_seed(2), radius=r, std=s))
+    # the numpy draw is the one self_consuming's sample_ring made (component, then noise)
+    g = np.random.default_rng(7)
+    th = 2 * np.pi * np.arange(8) / 8
+    ref = 2.0 * np.stack([np.cos(th), np.sin(th)], 1)[g.integers(8, size=100)] + 0.2 * g.standard_normal((100, 2))
+    assert np.array_equal(sample_ring(100, np.random.default_rng(7), radius=2.0, std=0.2), ref)
+    with pytest.raises(ParameterError, match="n must be"):
+        sample_ring(0)
+    with pytest.raises(ParameterError, match="k must be"):
+        sample_ring(5, k=0)
+    with pytest.raises(ParameterError, match="generator must be"):
+        sample_ring(5, 42)
 
 
 def test_real_data_loaders():
