@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
+from .core import ParameterError, check_choice, check_range, np_rng, param, resolve, rng, stream_seed
 from .train import History, NonFiniteLossError, fit
 from .lm import CharTokenizer
 
@@ -38,7 +38,7 @@ class SHCConfig:
     seed: int = param(0, lo=0, help="run seed (initialisation, data order, random matrices)")
     section: str = param("all", choices=SECTIONS, help="synthetic: E1, E2 and the mixing benchmark; lm: E3; all: both")
     sections: tuple[str, ...] = param(("synthetic", "lm"), choices=SECTIONS[1:], each=True, help="the sections of one seed, for the runner")
-    e1_seeds: int = param(5, lo=1, help="E1 rotation targets per run: seeds seed*e1_seeds + 0..e1_seeds-1")
+    e1_seeds: int = param(5, lo=1, help="E1 rotation targets per run: target i takes the seed stream_seed(seed, \"e1\", i)")
     # E1: fit a static H to a target
     e1_steps: int = param(1500, lo=1, help="E1: Adam steps fitting one static mixing matrix to a target")
     e1_lr: float = param(5e-2, lo=0, lo_open=True, help="E1: learning rate")
@@ -245,9 +245,9 @@ class HyperConnection(nn.Module):
 
 # %% ../nbs/30_shc.ipynb #9d248ae8
 def rotation_target(seed: int = 0) -> torch.Tensor:
-    "E1 target T = J + U_z R U_z^T for n = 4 with R a random 3-D rotation (scipy, `random_state=seed`)."
+    "E1 target T = J + U_z R U_z^T for n = 4 with R a random 3-D rotation (scipy, drawn from the stream (seed, 'rotation'))."
     from scipy.spatial.transform import Rotation
-    R = torch.tensor(Rotation.random(random_state=seed).as_matrix(), dtype=torch.float64)
+    R = torch.tensor(Rotation.random(random_state=np_rng(seed, "rotation")).as_matrix(), dtype=torch.float64)
     return torch.full((4, 4), 0.25, dtype=torch.float64) + helmert_basis(4, torch.float64) @ R @ helmert_basis(4, torch.float64).T
 
 
@@ -269,7 +269,7 @@ def fit_static_matrix(variant: str, target: torch.Tensor,  # (n, n) target T
     check_choice("variant", variant, ("hc", "mhc", "shc"))
     n = target.shape[0]
     mod = HyperConnection(n, 1, variant, 0, sk_iters=sk_iters, sigma_bias=sigma_bias)
-    gen = torch.Generator().manual_seed(seed)
+    gen = rng(seed, "probes")
     T = target.float()
     r0 = torch.zeros(mod.n_res)
     res_params = [p for name, p in mod.named_parameters() if not name.startswith(("dynamic", "norm_gain", "static_pre", "static_post", "scale_pre", "scale_post"))]
@@ -398,7 +398,8 @@ class HyperGPT(nn.Module):
 
     def __init__(self, vocab_size: int, *, variant: str = "shc", n_streams: int = 4, n_layer: int = 4,
                  d_model: int = 64, n_heads: int = 4, max_len: int = 64, sk_iters: int = 20, sigma_bias: float = 4.0,
-                 mlp_hidden: int | None = None):  # MLP width (default 4 d_model; widened for the matched residual)
+                 mlp_hidden: int | None = None,  # MLP width (default 4 d_model; widened for the matched residual)
+                 generator: torch.Generator | None = None):  # draws the core weights (None: the global generator)
         super().__init__()
         check_choice("variant", variant, VARIANTS)
         check_range("n_streams", n_streams, 1, 16)
@@ -412,9 +413,9 @@ class HyperGPT(nn.Module):
             self.branches.append(_Attention(d_model, n_heads))
             self.branches.append(_MLP(d_model, mlp_hidden))
         self.norm_f = nn.RMSNorm(d_model)
-        for m in self.modules():  # core weights first and identically for every variant (same seed, same draws)
+        for m in self.modules():  # core weights first and identically for every variant (same stream, same draws)
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
+                nn.init.normal_(m.weight, std=0.02, generator=generator)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
         self.mixers = nn.ModuleList(HyperConnection(self.n, d_model, variant, i, sk_iters=sk_iters,
@@ -509,11 +510,10 @@ def train_char_lm(variant: str, cfg: SHCConfig, vocab_size: int, train_ids: torc
                   diag_ids: torch.Tensor,  # (b, t+1) fixed batch for H diagnostics and gradient checks
                   *, mlp_hidden: int | None = None, progress: bool = True) -> dict:
     "Train one `HyperGPT` variant with AdamW + cosine through `fit`; return curves, grad norms, diagnostics and budget."
-    torch.manual_seed(cfg.seed)
     model = HyperGPT(vocab_size, variant=variant, n_streams=cfg.n_streams, n_layer=cfg.n_layer,
                      d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.seq_len, sk_iters=cfg.sk_iters,
-                     sigma_bias=cfg.sigma_bias, mlp_hidden=mlp_hidden)
-    gen = torch.Generator().manual_seed(cfg.seed + 1)  # the same batches for every variant
+                     sigma_bias=cfg.sigma_bias, mlp_hidden=mlp_hidden, generator=rng(cfg.seed, "lm", "init"))
+    gen = rng(cfg.seed, "lm", "batches")  # the same batches for every variant
     val_curve = []
     H_init = None
     if variant != "residual":
@@ -568,7 +568,7 @@ def mixing_benchmark(variant: str, n: int, *, tokens: int = 2048, width: int = 6
                      sk_iters: int = 20, seed: int = 0) -> float:
     "Median milliseconds of forward + backward of building H from raw coefficients and mixing X' = H^T X."
     mod = HyperConnection(n, width, variant, 0, sk_iters=sk_iters)
-    gen = torch.Generator().manual_seed(seed)
+    gen = rng(seed, "benchmark")
     r = torch.randn(tokens, mod.n_res, generator=gen).requires_grad_()
     X = torch.randn(tokens, n, width, generator=gen).requires_grad_()
     times = []
