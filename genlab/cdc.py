@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, param, rng, stream_seed
 from .metrics import frechet_distance
 from .train import EMA, History, fit
 
@@ -464,7 +464,7 @@ def cdc_loss(model: nn.Module, x: torch.Tensor,  # images (b, C, R, R)
 def heldout_loss(model: nn.Module, x: torch.Tensor, plan: StagePlan, y: torch.Tensor | None = None,
                  n_t: int = 8, seed: int = 0, stage: int | None = None) -> float:
     "Held-out FM loss of Eq. 8 (uniform stage weights, or one `stage`) on a fixed t-grid and fixed noise."
-    g = torch.Generator().manual_seed(seed)
+    g = rng(seed, "heldout")
     tot = 0.0
     stages = range(plan.n_stages) if stage is None else [stage]
     for k in stages:
@@ -583,7 +583,7 @@ class ImageJudge:
         from sklearn.decomposition import PCA
         from sklearn.linear_model import LogisticRegression
         flat = X_ref.flatten(1).double().numpy()
-        self.pca = PCA(n_components=pca_dim, random_state=seed).fit(flat)
+        self.pca = PCA(n_components=pca_dim, random_state=stream_seed(seed, "fd-pca") % 2**32).fit(flat)  # sklearn: seeds < 2**32
         self.ref = torch.as_tensor(self.pca.transform(flat))
         self.clf = None
         if y_ref is not None:
