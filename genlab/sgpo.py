@@ -17,7 +17,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
+from .core import ParameterError, check_choice, check_range, param, resolve, rng, set_seed, stream_seed
 from .data import load_movielens100k
 from .metrics import entropy_from_logits, rank_metrics
 from .train import fit
@@ -230,6 +230,7 @@ def train_rqvae(f: torch.Tensor, K: int, L: int, *, d_z: int = 8, steps: int = 6
     "Train the RQ-VAE with k-means init and dead-code reset through `fit`; return (model, history)."
     from sklearn.cluster import KMeans
     model = RQVAE(f.shape[1], K, L, d_z)
+    km_seed = int(torch.randint(0, 2 ** 31 - 1, (), generator=generator))   # k-means init, drawn from the run's stream
     n = f.shape[0]
     usage = torch.zeros(L, K)
     state = {"init": False}
@@ -242,7 +243,7 @@ def train_rqvae(f: torch.Tensor, K: int, L: int, *, d_z: int = 8, steps: int = 6
             with torch.no_grad():
                 r = z.detach()
                 for l in range(L):
-                    km = KMeans(n_clusters=min(K, len(r)), n_init=1, random_state=0).fit(r.numpy())
+                    km = KMeans(n_clusters=min(K, len(r)), n_init=1, random_state=km_seed).fit(r.numpy())
                     cent = torch.as_tensor(km.cluster_centers_, dtype=torch.float32)
                     model.codebooks.data[l, :len(cent)] = cent
                     r = r - cent[torch.as_tensor(km.labels_)]
@@ -826,7 +827,7 @@ def cooccurrence_features(seqs_train: list, n_items: int, dim: int = 16, seed: i
     rows = [u for u, s in enumerate(seqs_train) for _ in s]
     cols = [j for s in seqs_train for j in s]
     X = csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(seqs_train), n_items))
-    V = TruncatedSVD(dim, random_state=seed).fit(X).components_.T  # (n_items, dim)
+    V = TruncatedSVD(dim, random_state=stream_seed(seed, "truncated-svd") % 2 ** 32).fit(X).components_.T  # (n_items, dim)
     V = torch.as_tensor(V, dtype=torch.float32)
     return V / (V.norm(dim=1, keepdim=True) + 1e-8)
 
