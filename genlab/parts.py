@@ -110,13 +110,14 @@ class TopKSAE(nn.Module):
         super().__init__()
         check_range("d", d, 1); check_range("n_latents", n_latents, 1); check_range("k", k, 1, n_latents)
         self.d, self.n_latents, self.k, self.relu = d, n_latents, k, relu
-        W = torch.randn(n_latents, d, generator=generator)
+        dev = generator.device if generator is not None else None  # the SAE lives where its generator draws
+        W = torch.randn(n_latents, d, generator=generator, device=dev)
         W = W / W.norm(dim=1, keepdim=True)
         self.W_dec = nn.Parameter(W.clone())  # (m, d)
         self.W_enc = nn.Parameter(W.T.clone())  # (d, m)
-        self.b_enc = nn.Parameter(torch.zeros(n_latents))
-        self.b_pre = nn.Parameter(torch.zeros(d))
-        self.register_buffer("steps_since_fired", torch.zeros(n_latents, dtype=torch.long))
+        self.b_enc = nn.Parameter(torch.zeros(n_latents, device=dev))
+        self.b_pre = nn.Parameter(torch.zeros(d, device=dev))
+        self.register_buffer("steps_since_fired", torch.zeros(n_latents, dtype=torch.long, device=dev))
 
     def pre(self, x: torch.Tensor) -> torch.Tensor:  # (b, d) -> (b, m)
         p = (x - self.b_pre) @ self.W_enc + self.b_enc
@@ -178,17 +179,19 @@ def train_topk_sae(sae: TopKSAE,
     check_choice("b_pre", b_pre, ("mean", "median", None))
     if X.dim() != 2 or X.shape[1] != sae.d:
         raise ParameterError(f"X must be (n, {sae.d}) for this SAE, got {tuple(X.shape)}")
+    if X.device != sae.W_dec.device:
+        raise ParameterError(f"X is on {X.device} but the SAE on {sae.W_dec.device}; move one of them")
     aux_k = 2 * sae.k if aux_k is None else check_range("aux_k", aux_k, 1)
-    n = len(X)
+    n, gdev = len(X), (generator.device if generator is not None else X.device)  # draws on the generator's device
     with torch.no_grad():
         if b_pre == "mean":
             sae.b_pre.copy_(X.mean(0))
         elif b_pre == "median":
-            sae.b_pre.copy_(X[torch.randperm(n, generator=generator)[:min(n, 4096)]].median(0).values)
+            sae.b_pre.copy_(X[torch.randperm(n, generator=generator, device=gdev)[:min(n, 4096)].to(X.device)].median(0).values)
     var = X.var(0).sum().clamp_min(1e-12)
 
     def loss_fn(step):
-        x = X[torch.randint(0, n, (batch,), generator=generator)]
+        x = X[torch.randint(0, n, (batch,), generator=generator, device=gdev).to(X.device)]
         p = sae.pre(x)
         z = sae.topk(p)
         x_hat = sae.decode(z)

@@ -206,6 +206,8 @@ def test_train_topk_sae_aux_is_zero_while_nothing_is_dead_and_history_fields():
         train_topk_sae(sae, torch.randn(10, 7), steps=1)
     with pytest.raises(ParameterError, match="b_pre must be one of"):
         train_topk_sae(sae, X, steps=1, b_pre="zero")
+    with pytest.raises(ParameterError, match="X is on meta but the SAE on cpu"):
+        train_topk_sae(sae, torch.zeros(10, 8, device="meta"), steps=1)
 
 
 def test_train_topk_sae_b_pre_init_and_reproducibility():
