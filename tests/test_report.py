@@ -19,7 +19,7 @@ PNG = base64.b64encode(bytes.fromhex(
 def _claims(value, seed):
     c = Claims()
     c.paper("C1 q(c|x,t) beats b", [value], baseline=[0.5], stat="diff", direction=">", threshold=0.0,
-            seeds=[seed], control={"name": "shuffled", "values": [0.5]})
+            seeds=[seed], control={"name": "shuffled", "values": [0.45 + 0.01 * seed]})
     c.sanity("guard", True)
     c.calibration("rate near target", value > 0.6, rate=value)
     return c.items
@@ -49,7 +49,7 @@ def test_summary_first_page_pools_seed_runs(tmp_path):
     assert "| [m](#" in md and "| 1 / 0 / 0 (1) |" in md and "3 runs (seeds 0, 1, 2)" in md
     assert "C1 q(c\\|x,t) beats b" in md                     # escaped: the row keeps its columns
     row = next(l for l in md.splitlines() if l.startswith("| C1 q(c"))
-    assert row.count(" | ") == 6 and "unresolved, unresolved, unresolved" in row and "**supported**" in row
+    assert row.count(" | ") == 7 and "unresolved, unresolved, unresolved" in row and "**supported**" in row
     assert "(n = 3)" in row and "shuffled" in row
     assert "### Figures (2)" in md and "*caption 1* — supports [C1]" in md
     html = (tmp_path / "report.html").read_text()
