@@ -14,14 +14,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from .core import ParameterError, check_choice, check_range, param, resolve, set_seed
+from .core import ParameterError, check_choice, check_range, param, resolve, rng, stream_seed
 from .metrics import entropy
+from .parts import mlp
 from .train import ValidationMonitor, budget, fit
 
 # %% auto #0
 __all__ = ['SYSTEMS', 'MODELS', 'ABLATIONS', 'PRESETS', 'FAIL_MSE', 'SKAEConfig', 'triple_well_field', 'polygon_centres',
            'polygon_field', 'lorenz_field', 'gated_linear_step', 'System', 'simulate', 'make_system', 'basin_labels',
-           'boundary_ics', 'SystemData', 'make_data', 'shrink', 'sign_split', 'mlp', 'LISTAEncoder', 'KAE', 'make_kae',
+           'boundary_ics', 'SystemData', 'make_data', 'shrink', 'sign_split', 'LISTAEncoder', 'KAE', 'make_kae',
            'sample_windows', 'kae_losses', 'train_kae', 'converged', 'rollout', 'spectral_radius', 'forecast_mse',
            'iqm', 'choose_period', 'supports_abs', 'supports_top', 'support_keys', 'jaccard', 'support_families',
            'entropy_bits', 'cond_entropy_bits', 'depth_margin', 'deep_slice_mask', 'present_basins', 'canonical_masks',
@@ -45,7 +46,7 @@ class SKAEConfig:
     systems: tuple[str, ...] = param(("polygon_4",), choices=SYSTEMS[:4], each=True, help="multibasin systems (support analysis + forecasting)")
     forecast_systems: tuple[str, ...] = param((), choices=SYSTEMS, each=True, help="chaotic flows (forecasting only)")
     models: tuple[str, ...] = param(("dense", "lista"), choices=MODELS, each=True, help="autoencoders trained: dense, sparse MLP, LISTA (sparse Koopman)")
-    seed: int = param(0, lo=0, help="run seed; the seeds of a run are seed, seed+1, ... (n_seeds of them)")
+    seed: int = param(0, lo=0, help="run seed; replicate i of a run takes the seed stream_seed(seed, \"replicate\", i)")
     n_seeds: int = param(1, lo=1, help="seeds per run; each seed re-draws data, initialisations and windows")
     steps: int = param(300, lo=1, help="training steps per model (every model of a comparison: the same)")
     forecast_steps: int = param(0, lo=0, help="training steps on the forecast-only systems (0: the same as steps)")
@@ -284,27 +285,6 @@ def sign_split(u: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.relu(u), torch.relu(-u)], -1)
 
 
-def _linear(d_in: int, d_out: int, generator: torch.Generator) -> nn.Linear:
-    "nn.Linear with PyTorch's default uniform init, drawn from `generator`."
-    lin = nn.Linear(d_in, d_out)
-    bound = 1 / math.sqrt(d_in)
-    with torch.no_grad():
-        lin.weight.copy_((torch.rand(d_out, d_in, generator=generator) * 2 - 1) * bound)
-        lin.bias.copy_((torch.rand(d_out, generator=generator) * 2 - 1) * bound)
-    return lin
-
-
-def mlp(sizes: list[int], act: str, generator: torch.Generator, last_act: bool = False) -> nn.Sequential:
-    "MLP with `act` ('tanh' or 'relu') between layers, optionally after the last one."
-    A = {"tanh": nn.Tanh, "relu": nn.ReLU}[act]
-    layers = []
-    for i in range(len(sizes) - 1):
-        layers.append(_linear(sizes[i], sizes[i + 1], generator))
-        if i < len(sizes) - 2 or last_act:
-            layers.append(A())
-    return nn.Sequential(*layers)
-
-
 class LISTAEncoder(nn.Module):
     "LISTA encoder of eqs. (6)-(7): MLP pre-code, Q shrink iterations with learned S and tau, optional sign split."
 
@@ -313,7 +293,7 @@ class LISTAEncoder(nn.Module):
         super().__init__()
         n = d_z // 2 if split else d_z
         self.split, self.n_units = split, n
-        self.pre = mlp([d_x, hidden, n], "relu", generator)
+        self.pre = mlp([d_x, hidden, n], act="relu", generator=generator)
         d0 = torch.randn(d_x, n, generator=generator)
         d0 = d0 / d0.norm(dim=0, keepdim=True)
         gram = d0.T @ d0
@@ -346,9 +326,9 @@ class KAE(nn.Module):
         check_range("d_z", d_z, 1)
         self.kind, self.normalize_atoms = kind, bool(normalize_atoms)
         if kind == "dense":
-            self.encoder = mlp([d_x, hidden, hidden, d_z], "tanh", generator)
+            self.encoder = mlp([d_x, hidden, hidden, d_z], act="tanh", generator=generator)
         elif kind == "sparse_mlp":
-            self.encoder = mlp([d_x, hidden, hidden, d_z], "relu", generator, last_act=True)
+            self.encoder = mlp([d_x, hidden, hidden, d_z], act="relu", last_act=True, generator=generator)
         else:
             if sign_split and d_z % 2:
                 raise ParameterError(f"d_z must be even for the sign-split LISTA encoder, got {d_z}")
@@ -425,7 +405,7 @@ def train_kae(kind: str, train: torch.Tensor, cfg: SKAEConfig, generator: torch.
 
     every, mon = [], None
     if held_out is not None:
-        val_w = sample_windows(held_out, cfg.n_val_windows, cfg.window, torch.Generator().manual_seed(12345))
+        val_w = sample_windows(held_out, cfg.n_val_windows, cfg.window, rng(0, "skae", "validation"))  # the same windows in every run
         mon = ValidationMonitor(lambda: float(kae_losses(model, val_w, **lam)["loss"]))
         every = [(cfg.val_every, mon)]
     k_params = [model.K]
