@@ -15,22 +15,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param, rng, set_seed, stream_seed
-from .data import sample_gmm
+from .core import ParameterError, check_choice, check_range, param, rng, stream_seed
+from .data import sample_ring
+from .parts import linear, linear_interpolant, mlp, time_embedding
 from .metrics import ari, cluster_accuracy, frechet_distance, mmd_rbf, nmi
 from .train import History, NonFiniteLossError, ValidationMonitor, budget, fit
 
 # %% auto #0
-__all__ = ['SOURCE_MODES', 'LT_MODES', 'COUPLINGS', 'SECTIONS', 'BW', 'PRESETS', 'VARIANTS', 'SCFMConfig', 'sample_ring',
-           'sample_pinwheel', 'standardise', 'make_ring_data', 'make_pinwheel_data', 'load_digits_data',
-           'load_mnist_data', 'fidelity', 'time_embedding', 'mlp', 'RecognitionNet', 'MixturePrior', 'gaussian_kl',
-           'categorical_kl', 'mixture_kl', 'gaussian_loglik', 'reparameterise', 'elbo_terms', 'make_source',
-           'interpolant', 'SCFM', 'structured_coupling', 'scfm_losses', 'encode', 'init_prior_from_gmm',
-           'pretrain_scfm', 'loss_schedule', 'train_scfm', 'velocity_params', 'train_icfm', 'integrate', 'sample_scfm',
-           'sample_icfm', 'StopRule', 'transport_cost_per_dim', 'transport_costs', 'prior_match',
-           'posterior_source_test', 'c6_statistic', 'nmi_over_t', 'cluster_usage', 'UsageLog', 'trunk_parameters',
-           'GradNormLog', 'variant_settings', 'data_settings', 'evaluate_scfm', 'run_experiment', 'run_2d',
-           'run_digits', 'summarise', 'results_table']
+__all__ = ['SOURCE_MODES', 'LT_MODES', 'COUPLINGS', 'SECTIONS', 'BW', 'PRESETS', 'VARIANTS', 'SCFMConfig', 'sample_pinwheel',
+           'standardise', 'make_ring_data', 'make_pinwheel_data', 'load_digits_data', 'load_mnist_data', 'fidelity',
+           'RecognitionNet', 'MixturePrior', 'gaussian_kl', 'categorical_kl', 'mixture_kl', 'gaussian_loglik',
+           'reparameterise', 'elbo_terms', 'make_source', 'SCFM', 'structured_coupling', 'scfm_losses', 'encode',
+           'init_prior_from_gmm', 'pretrain_scfm', 'loss_schedule', 'train_scfm', 'velocity_params', 'train_icfm',
+           'integrate', 'sample_scfm', 'sample_icfm', 'StopRule', 'transport_cost_per_dim', 'transport_costs',
+           'prior_match', 'posterior_source_test', 'c6_statistic', 'nmi_over_t', 'cluster_usage', 'UsageLog',
+           'trunk_parameters', 'GradNormLog', 'variant_settings', 'data_settings', 'evaluate_scfm', 'run_experiment',
+           'run_2d', 'run_digits', 'summarise', 'results_table']
 
 # %% ../nbs/11_scfm.ipynb #e3317be6
 SOURCE_MODES = ("decoder", "concat")
@@ -116,14 +116,6 @@ PRESETS = {
 }
 
 # %% ../nbs/11_scfm.ipynb #09955cf5
-def sample_ring(n: int, generator: torch.Generator | None = None, *, k: int = 8, radius: float = 4.0,
-                std: float = 0.3) -> tuple[torch.Tensor, torch.Tensor]:
-    "D1: `n` points from `k` equal Gaussians (std `std`) on a circle of radius `radius`; (x (n, 2), labels (n,))."
-    ang = torch.arange(k, dtype=torch.float32) * (2 * math.pi / k)
-    means = radius * torch.stack([ang.cos(), ang.sin()], dim=1)
-    return sample_gmm(n, means, std, generator=generator, return_labels=True)
-
-
 def sample_pinwheel(n_per_arm: int, generator: torch.Generator | None = None, *, n_arms: int = 5,
                     radial_std: float = 0.3, tangential_std: float = 0.05, rate: float = 0.25,
                     scale: float = 2.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +147,7 @@ def _split(x, y, sizes, name, k):
 
 def make_ring_data(seed: int, n_train: int = 8000, n_val: int = 1000, n_test: int = 2000) -> dict:
     "D1 for one seed: standardised train / validation / test splits with component labels."
-    x, y = sample_ring(n_train + n_val + n_test, rng(seed, "data", "D1"))
+    x, y = sample_ring(n_train + n_val + n_test, rng(seed, "data", "D1"), std=0.3, labels=True)  # the core ring, std 0.3
     return _split(x, y, (n_train, n_val), "D1", 8)
 
 
@@ -225,43 +217,27 @@ def fidelity(data: dict, x: torch.Tensor, split: str = "test") -> float:
     return frechet_distance(data["feat"](x), data["feat"](ref))
 
 # %% ../nbs/11_scfm.ipynb #13be4ab6
-def time_embedding(t: torch.Tensor, n_freq: int = 16) -> torch.Tensor:
-    "Sinusoidal features [sin(f t), cos(f t)] of t (b,) at `n_freq` geometric frequencies in [1, 100] (eq. 4)."
-    t = torch.as_tensor(t, dtype=torch.float32).reshape(-1, 1)
-    freqs = torch.exp(torch.linspace(0.0, math.log(100.0), n_freq))
-    return torch.cat([torch.sin(t * freqs), torch.cos(t * freqs)], dim=1)
-
-
-def mlp(d_in: int, d_out: int, hidden: int, n_layers: int) -> nn.Sequential:
-    "An MLP with `n_layers` hidden SiLU layers of width `hidden`."
-    layers, d = [], d_in
-    for _ in range(n_layers):
-        layers += [nn.Linear(d, hidden), nn.SiLU()]
-        d = hidden
-    layers.append(nn.Linear(d, d_out))
-    return nn.Sequential(*layers)
-
-
 class RecognitionNet(nn.Module):
     "R_φ(x, t): one trunk, heads for q(c|x,t) logits, q(z|x,t) mean/log-variance and the velocity v(x,t) (eq. 4)."
 
     def __init__(self, dim: int, n_clusters: int, latent_dim: int, hidden: int = 128, n_layers: int = 3,
-                 n_freq: int = 16, vel_uses_z: bool = False):
+                 n_freq: int = 16, vel_uses_z: bool = False, generator: torch.Generator | None = None):
         super().__init__()
         self.dim, self.n_freq, self.vel_uses_z = dim, n_freq, vel_uses_z
-        self.inp = nn.Linear(dim, hidden)
-        self.temb = nn.Linear(2 * n_freq, hidden)
-        self.trunk = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(n_layers - 1))
-        self.logits_c = nn.Linear(hidden, n_clusters)
-        self.mu_z = nn.Linear(hidden, latent_dim)
-        self.logvar_z = nn.Linear(hidden, latent_dim)
-        self.vel = nn.Linear(hidden + (latent_dim if vel_uses_z else 0), dim)
+        lin = lambda a, b: linear(a, b, generator=generator)  # noqa: E731  torch's default init, drawn from `generator`
+        self.inp = lin(dim, hidden)
+        self.temb = lin(2 * n_freq, hidden)
+        self.trunk = nn.ModuleList(lin(hidden, hidden) for _ in range(n_layers - 1))
+        self.logits_c = lin(hidden, n_clusters)
+        self.mu_z = lin(hidden, latent_dim)
+        self.logvar_z = lin(hidden, latent_dim)
+        self.vel = lin(hidden + (latent_dim if vel_uses_z else 0), dim)
 
     def features(self, x: torch.Tensor, t) -> torch.Tensor:  # x (b, D), t (b,) or scalar
         "Trunk features h(x, t): (b, hidden)."
         t = torch.as_tensor(t, dtype=x.dtype)
         t = t.expand(len(x)) if t.dim() == 0 else t
-        h = F.silu(self.inp(x) + self.temb(time_embedding(t, self.n_freq)))
+        h = F.silu(self.inp(x) + self.temb(time_embedding(t, 2 * self.n_freq, low=1.0, high=100.0)))
         for lin in self.trunk:
             h = F.silu(lin(h))
         return h
@@ -372,12 +348,6 @@ def make_source(z: torch.Tensor, decoder: nn.Module, sigma0: float, dim: int, so
     return torch.cat([z, eps[:, m:]], dim=1)
 
 
-def interpolant(x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor):
-    "x_t = (1 − t) x0 + t x1 and u = x1 − x0 (eq. 3)."
-    t = t.reshape(-1, *([1] * (x0.dim() - 1)))
-    return (1 - t) * x0 + t * x1, x1 - x0
-
-
 class SCFM(nn.Module):
     "Shared recognition/velocity network R_φ, source decoder g_ψ and mixture prior p_ω (eqs. 1, 2, 4)."
 
@@ -392,8 +362,8 @@ class SCFM(nn.Module):
         if source_mode == "concat" and latent_dim > dim:
             raise ParameterError(f"source_mode='concat' needs latent_dim <= data dim ({dim}), got {latent_dim}")
         self.dim, self.sigma0, self.source_mode = dim, float(sigma0), source_mode
-        self.net = RecognitionNet(dim, n_clusters, latent_dim, hidden, n_layers, vel_uses_z=vel_uses_z)
-        self.decoder = mlp(latent_dim, dim, dec_hidden, dec_layers)
+        self.net = RecognitionNet(dim, n_clusters, latent_dim, hidden, n_layers, vel_uses_z=vel_uses_z, generator=generator)
+        self.decoder = mlp([latent_dim] + [dec_hidden] * dec_layers + [dim], generator=generator)
         self.prior = MixturePrior(n_clusters, latent_dim, generator=generator)
 
     def source(self, z: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -430,7 +400,7 @@ def scfm_losses(model: SCFM, x1: torch.Tensor, t: torch.Tensor, *, generator: to
             x0 = x0.detach()
     else:
         x0 = torch.randn(x1.shape, generator=generator)
-    xt, u = interpolant(x0, x1, t)
+    xt, u = linear_interpolant(x0, x1, t)
     if not use_fm and (lt_mode == "off" or lambda_t == 0):
         return out
     ht = net.features(xt, t)
@@ -558,7 +528,7 @@ def train_icfm(net: RecognitionNet, x_train: torch.Tensor, *, steps: int, batch_
         x1 = x_train[torch.randint(0, n, (batch_size,), generator=generator)]
         x0 = torch.randn(x1.shape, generator=generator)
         t = torch.rand(batch_size, generator=generator)
-        xt, u = interpolant(x0, x1, t)
+        xt, u = linear_interpolant(x0, x1, t)
         return {"fm": ((net.velocity(net.features(xt, t)) - u) ** 2).sum(-1).mean()}
     return fit(loss_fn, velocity_params(net), steps=steps, lr=lr, grad_clip=grad_clip, schedule=schedule, every=every,
                progress=progress, desc="B1 I-CFM")
@@ -674,7 +644,7 @@ def c6_statistic(model: SCFM, x: torch.Tensor, generator: torch.Generator, ts=(0
     l1 = net.posterior(net.features(x, 1.0))[0]
     out = {"kl_readout": {}, "kl_time": {}}
     for t in ts:
-        xt, _ = interpolant(x0, x, torch.full((len(x),), float(t)))
+        xt, _ = linear_interpolant(x0, x, torch.full((len(x),), float(t)))
         out["kl_readout"][t] = float(categorical_kl(l1, net.posterior(net.features(xt, 1.0))[0]).mean())
         out["kl_time"][t] = float(categorical_kl(l1, net.posterior(net.features(xt, float(t)))[0]).mean())
     out["delta"] = float(np.mean([out["kl_readout"][t] - out["kl_time"][t] for t in ts]))
@@ -687,7 +657,7 @@ def nmi_over_t(model: SCFM, x: torch.Tensor, y: torch.Tensor, generator: torch.G
     "NMI of argmax q(c|x_t,t) on paths from structured partners, or from independent N(0, I) partners."
     check_choice("partners", partners, COUPLINGS)
     x0 = structured_coupling(model, x, generator)[0] if partners == "structured" else torch.randn(x.shape, generator=generator)
-    return {t: nmi(y, encode(model, interpolant(x0, x, torch.full((len(x),), float(t)))[0], t)[0].argmax(1)) for t in ts}
+    return {t: nmi(y, encode(model, linear_interpolant(x0, x, torch.full((len(x),), float(t)))[0], t)[0].argmax(1)) for t in ts}
 
 
 def cluster_usage(model: SCFM, x: torch.Tensor, k: int | None = None) -> list[float]:
@@ -818,10 +788,9 @@ def run_experiment(cfg: SCFMConfig, data: dict, seed: int, variants=("scfm",), w
         check_choice("variant", v, VARIANTS)
     hp = data_settings(cfg, data)
     xtr = data["x_train"]
-    set_seed(stream_seed(seed, "init"))  # torch layers draw their initial weights from the global RNG
     base = SCFM(hp["dim"], hp["k"], hp["latent"], hidden=hp["hidden"], n_layers=cfg.n_layers, dec_hidden=hp["hidden"],
                 dec_layers=cfg.dec_layers, sigma0=cfg.sigma0, source_mode=cfg.source_mode, vel_uses_z=cfg.vel_uses_z,
-                generator=rng(seed, "init", "prior"))
+                generator=rng(seed, "init"))
     res = {"seed": seed, "data": data["name"], "hp": hp, "random_init": _clustering(base, data), "models": {}, "hists": {},
            "curves": {}, "budgets": {}, "usage": {}, "grads": {}, "eval": {}}
     pre = pretrain_scfm(base, xtr, steps=cfg.pretrain_steps, batch_size=cfg.batch_size, lr=hp["lr"],
@@ -866,8 +835,7 @@ def run_experiment(cfg: SCFMConfig, data: dict, seed: int, variants=("scfm",), w
         res["curves"][name] = {"steps": [s + pre["steps"] for s in mon.steps], "values": list(mon.values)}
         res["eval"][name] = evaluate_scfm(m, data, cfg, seed, flow=name != "b3")
     if with_b1:
-        set_seed(stream_seed(seed, "b1", "init"))  # torch layers: global RNG
-        net = RecognitionNet(hp["dim"], hp["k"], hp["latent"], hp["hidden"], cfg.n_layers)
+        net = RecognitionNet(hp["dim"], hp["k"], hp["latent"], hp["hidden"], cfg.n_layers, generator=rng(seed, "b1", "init"))
         gfix = lambda: rng(seed, "val", "sample")  # noqa: E731
         mon = StopRule(lambda: fidelity(data, sample_icfm(net, torch.randn(cfg.n_eval, hp["dim"], generator=gfix()),
                                                          hp["val_nfe"]), "val"), net, patience=patience,

@@ -6,26 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from genlab.core import ParameterError, resolve, set_seed
+from genlab.core import ParameterError, resolve, rng
+from genlab.data import sample_ring
 from genlab.metrics import cluster_accuracy
 from genlab.scfm import (PRESETS, SCFM, MixturePrior, SCFMConfig, StopRule, c6_statistic, categorical_kl, elbo_terms,
-                         encode, gaussian_kl, interpolant, make_pinwheel_data, make_ring_data, make_source, mixture_kl,
-                         prior_match, results_table, run_2d, run_experiment, sample_pinwheel, sample_ring, sample_scfm,
-                         scfm_losses, structured_coupling, summarise, time_embedding, train_scfm, transport_cost_per_dim,
+                         encode, gaussian_kl, make_pinwheel_data, make_ring_data, make_source, mixture_kl,
+                         prior_match, results_table, run_2d, run_experiment, sample_pinwheel, sample_scfm,
+                         scfm_losses, structured_coupling, summarise, train_scfm, transport_cost_per_dim,
                          trunk_parameters)
 
 torch.set_num_threads(1)
-
-
-def test_interpolant_endpoints_and_velocity_finite_difference():
-    g = torch.Generator().manual_seed(0)
-    x0, x1 = torch.randn(6, 3, generator=g, dtype=torch.float64), torch.randn(6, 3, generator=g, dtype=torch.float64)
-    xt0, u = interpolant(x0, x1, torch.zeros(6, dtype=torch.float64))
-    xt1, _ = interpolant(x0, x1, torch.ones(6, dtype=torch.float64))
-    assert torch.equal(xt0, x0) and torch.equal(xt1, x1)
-    t, h = torch.full((6,), 0.37, dtype=torch.float64), 1e-6
-    fd = (interpolant(x0, x1, t + h)[0] - interpolant(x0, x1, t - h)[0]) / (2 * h)
-    assert torch.allclose(fd, u, atol=1e-5)
 
 
 def test_gaussian_kl_matches_torch_distributions():
@@ -151,8 +141,8 @@ def test_cluster_accuracy_permutation_invariant():
 
 
 def _short_run(seed):
-    g = set_seed(seed)  # seeds torch's global RNG too (layer initialisation) and returns the generator
-    x, _ = sample_ring(512, g)
+    g = rng(seed, "test")  # draws the data, every layer's initial weights, the training and the sampling noise
+    x = sample_ring(512, g, std=0.3)
     m = SCFM(2, 8, 2, hidden=32, dec_hidden=32, generator=g)
     h = train_scfm(m, x / 3, steps=5, batch_size=64, lr=1e-3, generator=g, pretrain_steps=3, progress=False)
     return h.losses["loss"], sample_scfm(m, 10, 2, g)["x"]
@@ -192,15 +182,21 @@ def test_bad_model_arguments_rejected():
         SCFM(2, 3, 2, source_mode="unknown")
 
 
-def test_data_generators_and_time_embedding():
+def test_pinwheel_generator_and_ring_data():
     g = torch.Generator().manual_seed(9)
     x, y = sample_pinwheel(100, g, n_arms=5)
     assert x.shape == (500, 2) and torch.bincount(y).tolist() == [100] * 5
-    x, y = sample_ring(1000, g)
-    r = x.norm(dim=1)
-    assert abs(float(r.mean()) - 4.0) < 0.1
-    e = time_embedding(torch.tensor([0.0, 0.5]), 16)
-    assert e.shape == (2, 32) and torch.allclose(e[0, 16:], torch.ones(16))
+    d = make_ring_data(0, n_train=4000, n_val=10, n_test=10)  # D1 standardised: radius 4, std 0.3 -> per-axis sd sqrt(8 + 0.09)
+    assert torch.bincount(d["y_train"], minlength=8).min() > 400 and abs(float(d["x_train"].std(0).mean()) - 1) < 1e-4
+    raw = d["x_train"] * math.sqrt(8 + 0.09)
+    assert abs(float(raw.norm(dim=1).mean()) - 4.0) < 0.1
+
+
+def test_model_initialisation_drawn_from_the_generator():
+    a, b = (SCFM(3, 4, 2, hidden=16, dec_hidden=16, generator=rng(0, "init")) for _ in range(2))
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    c = SCFM(3, 4, 2, hidden=16, dec_hidden=16, generator=rng(1, "init"))
+    assert not torch.equal(a.net.inp.weight, c.net.inp.weight)
 
 
 def test_independent_coupling_source_ignores_the_posterior():
