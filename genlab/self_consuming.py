@@ -16,14 +16,14 @@ from .core import ParameterError, check_choice, check_range, np_rng, param, stre
 ROW_TOL = 1e-9  # tolerance on the row constraint a_i + sum_j W_ij = 1
 
 # %% auto #0
-__all__ = ['ROW_TOL', 'GRAPHS', 'GraphName', 'PRESETS', 'Network', 'ring_graph', 'self_graph', 'complete_graph', 'star_graph',
-           'g4_graph', 'named_graph', 'random_network', 'spectral_radius', 'second_eigenvalue_modulus',
+__all__ = ['ROW_TOL', 'GRAPHS', 'GraphName', 'PRESETS', 'RING', 'Network', 'ring_graph', 'self_graph', 'complete_graph',
+           'star_graph', 'g4_graph', 'named_graph', 'random_network', 'spectral_radius', 'second_eigenvalue_modulus',
            'consumption_graph', 'reaches_real', 'reaches_real_matrix', 'converges', 'SelfConsumingConfig',
            'population_run', 'population_fixed_point', 'steps_to_tolerance', 'decay_rate', 'closed_classes',
            'is_aperiodic_class', 'consensus_weights', 'absorption_probabilities', 'predicted_limits', 'lyapunov_mse',
            'lyapunov_mse_refined', 'allocate', 'allocation_matrix', 'simulate_gaussian', 'expected_variance_path',
-           'simulate_categorical', 'simulate_models', 'fit_gmm', 'sample_gmm', 'ring_centres', 'sample_ring',
-           'mode_metrics', 'knn_precision_recall', 'mnist_codes', 'real_sampler']
+           'simulate_categorical', 'simulate_models', 'fit_gmm', 'sample_gmm', 'ring_centres', 'mode_metrics',
+           'knn_precision_recall', 'mnist_codes', 'real_sampler']
 
 # %% ../nbs/15_self_consuming.ipynb #ca11e5df
 class Network:
@@ -566,16 +566,13 @@ def sample_gmm(gm, m: int, rng: np.random.Generator) -> np.ndarray:
     return gm.means_[comp] + np.einsum("mij,mj->mi", L[comp], z)
 
 # %% ../nbs/15_self_consuming.ipynb #1f673076
-def ring_centres(n_modes: int = 8, radius: float = 2.0) -> np.ndarray:
+RING = dict(k=8, radius=2.0, std=0.2)  # dataset N3: `genlab.data.sample_ring(m, np_generator, **RING)`
+
+
+def ring_centres(n_modes: int = RING["k"], radius: float = RING["radius"]) -> np.ndarray:
     "Centres of the 2-D ring of Gaussians. (n_modes, 2)."
     th = 2 * np.pi * np.arange(n_modes) / n_modes
     return radius * np.stack([np.cos(th), np.sin(th)], 1)
-
-
-def sample_ring(m: int, rng: np.random.Generator, n_modes: int = 8, radius: float = 2.0, std: float = 0.2) -> np.ndarray:
-    "m samples of the 8-Gaussian ring (dataset N3)."
-    c = ring_centres(n_modes, radius)
-    return c[rng.integers(n_modes, size=m)] + std * rng.standard_normal((m, 2))
 
 
 def mode_metrics(X: np.ndarray, centres: np.ndarray, radius: float = 0.6, min_frac: float = 0.02) -> dict:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from genlab.core import ParameterError, resolve
+from genlab.data import sample_ring
 import genlab.self_consuming as sc
 
 
@@ -244,7 +245,7 @@ def test_categorical_absorbing_state_and_normalisation():
 
 def test_gmm_sampler_is_shuffled_and_has_the_model_moments():
     rng = np.random.default_rng(0)
-    gm = sc.fit_gmm(sc.sample_ring(2000, rng), rng, 8)
+    gm = sc.fit_gmm(sample_ring(2000, rng, **sc.RING), rng, 8)
     X = sc.sample_gmm(gm, 40000, np.random.default_rng(1))
     mean = (gm.weights_[:, None] * gm.means_).sum(0)
     assert np.allclose(X.mean(0), mean, atol=0.03)
