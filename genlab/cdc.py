@@ -17,15 +17,16 @@ import torch.nn.functional as F
 
 from .core import ParameterError, check_choice, check_range, param, rng, stream_seed
 from .metrics import frechet_distance
+from .parts import linear_interpolant, time_embedding
 from .train import EMA, History, fit
 
 # %% auto #0
 __all__ = ['SECTIONS', 'VARIANTS', 'SECTION_VARIANTS', 'PRESETS', 'CDCConfig', 'check_resolutions', 'stage_resolutions',
            'check_nfe_split', 'downsample', 'upsample', 'pyramid', 'StagePlan', 'renoise_coefficients', 'block_noise',
            'stage_source', 'stage_batch', 'interpolant', 'transport_costs', 'transport_cost_analytic',
-           'sincos_pos_embed', 'timestep_embedding', 'AdaLNZeroBlock', 'StageDiT', 'Cascade', 'n_params', 'drop_labels',
-           'cdc_loss', 'heldout_loss', 'plateaued', 'train_cdc', 'guided_velocity', 'euler_stage', 'sample_cdc',
-           'ImageJudge', 'stage_consistency', 'interp_log_fd', 'time_forward']
+           'sincos_pos_embed', 'dit_time_frequencies', 'AdaLNZeroBlock', 'StageDiT', 'Cascade', 'n_params',
+           'drop_labels', 'cdc_loss', 'heldout_loss', 'plateaued', 'train_cdc', 'guided_velocity', 'euler_stage',
+           'sample_cdc', 'ImageJudge', 'stage_consistency', 'interp_log_fd', 'time_forward']
 
 # %% ../nbs/12_cdc.ipynb #3a383748
 SECTIONS = ("all", "main", "baselines", "res16", "diagnostics")
@@ -249,10 +250,10 @@ def stage_batch(x: torch.Tensor,  # ground-truth images (b, C, R, R)
 
 def interpolant(x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor,  # (b, ...), (b, ...), (b,)
                 z: torch.Tensor | None = None, gamma_a: float = 0.0):
-    "x_t and the target velocity u of Eq. 4 (linear interpolant, optional gamma(t) = a sqrt(t(1-t)))."
-    tt = t.reshape(-1, *([1] * (x0.dim() - 1)))
-    xt, u = (1 - tt) * x0 + tt * x1, x1 - x0
+    "x_t and the target velocity u of Eq. 4: the core's linear interpolant plus, for a > 0, the term gamma(t) z = a sqrt(t(1-t)) z."
+    xt, u = linear_interpolant(x0, x1, t)
     if gamma_a > 0 and z is not None:
+        tt = t.reshape(-1, *([1] * (x0.dim() - 1)))
         s = (tt * (1 - tt)).clamp_min(0).sqrt()
         xt = xt + gamma_a * s * z
         u = u + gamma_a * (1 - 2 * tt) / (2 * s.clamp_min(1e-3)) * z   # gamma' is singular at t = 0, 1
@@ -305,12 +306,10 @@ def sincos_pos_embed(grid: int, dim: int) -> torch.Tensor:
     return torch.cat([emb1(yy, dim // 2), emb1(xx, dim // 2)], 1)
 
 
-def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    "Sinusoidal embedding of times t (b,) in [0, 1]: (b, dim)."
-    half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
-    a = 1000.0 * t.reshape(-1, 1).float() * freqs[None]
-    return torch.cat([a.sin(), a.cos()], 1)
+def dit_time_frequencies(dim: int) -> tuple[float, float]:
+    "The lowest and highest frequency of the DiT time embedding of width `dim`: 1000 * 10000^(-(h-1)/h) and 1000, h = dim / 2."
+    h = dim // 2
+    return 1000.0 * 10000.0 ** (-(h - 1) / h), 1000.0
 
 
 class AdaLNZeroBlock(nn.Module):
@@ -379,7 +378,8 @@ class StageDiT(nn.Module):
 
     def condition(self, t: torch.Tensor, k: int, y: torch.Tensor | None) -> torch.Tensor:
         "c = emb(t) + emb_stage(k) [+ emb_label(y)], the AdaLN-Zero input (b, w)."
-        c = self.t_embed(timestep_embedding(t, self.width)) + self.stage_embed.weight[k][None]
+        lo, hi = dit_time_frequencies(self.width)   # the core's sinusoidal embedding at the DiT's frequencies
+        c = self.t_embed(time_embedding(t, self.width, low=lo, high=hi)) + self.stage_embed.weight[k][None]
         if self.label_embed is not None:
             if y is None:
                 y = torch.full((len(t),), self.n_classes, dtype=torch.long)
