@@ -19,18 +19,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, np_rng, param, rng, set_seed, stream_seed
+from .parts import TopKSAE, topk_sae_quality, train_topk_sae
 from .train import History, fit
 
 # %% auto #0
 __all__ = ['SECTIONS', 'REAL_HMMS', 'PRESETS', 'AA', 'MASK', 'PAD', 'VOCAB', 'AA_INDEX', 'BG_FREQ', 'ROLES', 'THREE_TO_ONE',
            'HMM_EC', 'DplmSaeConfig', 'encode_sequence', 'decode_tokens', 'PottsFamily', 'make_family', 'gibbs_sample',
            'column_entropy', 'make_synthetic', 'DiffusionPLM', 'mask_tokens', 'diffusion_loss', 'denoise',
-           'commit_steps', 'TopKSAE', 'train_sae', 'sae_fidelity', 'auroc_columns', 'matched_controls',
-           'fisher_enriched', 'frequency_matched_sets', 'ols_beta', 'probe_accuracy', 'spearman_within', 'model_states',
-           'harvest_states', 'train_layer_saes', 'train_dplm', 'encode_layers', 'masked_logprob', 'synthetic_seed',
-           'load_proteome', 'load_hmm', 'match_state_map', 'relative_entropy_states', 'search_domains', 'mcsa_entry',
-           'mcsa_entries_for', 'mcsa_catalytic_states', 'real_data', 'real_seed']
+           'commit_steps', 'auroc_columns', 'matched_controls', 'fisher_enriched', 'frequency_matched_sets', 'ols_beta',
+           'probe_accuracy', 'spearman_within', 'model_states', 'harvest_states', 'train_layer_saes', 'train_dplm',
+           'encode_layers', 'masked_logprob', 'synthetic_seed', 'load_proteome', 'load_hmm', 'match_state_map',
+           'relative_entropy_states', 'search_domains', 'mcsa_entry', 'mcsa_entries_for', 'mcsa_catalytic_states',
+           'real_data', 'real_seed']
 
 # %% ../nbs/22_dplm_sae.ipynb #fd96db73
 SECTIONS = ("synthetic", "real")
@@ -39,7 +40,7 @@ REAL_HMMS = ("PF02826", "KR", "LuxC", "Thioesterase", "bmyD", "RREFam")  # prote
 
 @dataclass(frozen=True)
 class DplmSaeConfig:
-    seed: int = param(0, lo=0, help="run seed; the seeds of a run are seed*100 + 0..n_seeds-1")
+    seed: int = param(0, lo=0, help="run seed; the i-th seed of a run is stream_seed(seed, 'run', i)")
     n_seeds: int = param(3, lo=1, help="seeds run inside one notebook run (each re-draws data, model, masks and SAEs)")
     section: str = param("all", choices=("all",) + SECTIONS, help="which section this run executes")
     sections: tuple[str, ...] = param(SECTIONS, choices=SECTIONS, each=True, help="the sections of the full preset, one runner point each")
@@ -420,85 +421,6 @@ def commit_steps(trajectory) -> np.ndarray:
         out[i] = s
     return out
 
-# %% ../nbs/22_dplm_sae.ipynb #0552b706
-class TopKSAE(nn.Module):
-    "TopK sparse autoencoder (Eq. 4): exactly k non-zero latents per state, unit-norm decoder columns."
-
-    def __init__(self, d: int, n_latents: int, k: int, generator: torch.Generator | None = None):
-        super().__init__()
-        check_range("n_latents", n_latents, 1)
-        if not 1 <= k <= n_latents:
-            raise ParameterError(f"sae_k must be in [1, {n_latents}] (the SAE width); got k={k}")
-        W = torch.randn(d, n_latents, generator=generator)
-        W = W / W.norm(dim=0, keepdim=True)
-        self.k = k
-        self.W_d = nn.Parameter(W)
-        self.W_e = nn.Parameter(W.T.clone())
-        self.b_e = nn.Parameter(torch.zeros(n_latents))
-        self.b_d = nn.Parameter(torch.zeros(d))
-
-    def pre(self, h: torch.Tensor) -> torch.Tensor:
-        return (h - self.b_d) @ self.W_e.T + self.b_e
-
-    def encode(self, h: torch.Tensor) -> torch.Tensor:
-        p = self.pre(h)
-        v, i = p.topk(self.k, dim=-1)
-        return torch.zeros_like(p).scatter(-1, i, v)
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        return z @ self.W_d.T + self.b_d
-
-    def forward(self, h: torch.Tensor):
-        z = self.encode(h)
-        return self.decode(z), z
-
-    @torch.no_grad()
-    def normalize_decoder(self):
-        self.W_d.div_(self.W_d.norm(dim=0, keepdim=True).clamp_min(1e-8))
-
-
-def train_sae(sae: TopKSAE, states: torch.Tensor,  # (N, d) training states
-              *, steps: int, batch_size: int = 1024, lr: float = 1e-3, generator: torch.Generator | None = None,
-              dead_after: int = 50, aux_coef: float = 1 / 32, progress: bool = False) -> History:
-    "Train a TopK SAE on `states` (normalised MSE + aux-k loss, decoder renormalised every step) through `fit`."
-    with torch.no_grad():
-        sae.b_d.copy_(states.mean(0))
-    var = float(states.var(0).sum())
-    last = torch.zeros(sae.W_d.shape[1], dtype=torch.long)
-
-    def loss_fn(step):
-        h = states[torch.randint(0, len(states), (batch_size,), generator=generator)]
-        p = sae.pre(h)
-        v, i = p.topk(sae.k, dim=-1)
-        z = torch.zeros_like(p).scatter(-1, i, v)
-        hhat = sae.decode(z)
-        last[i.unique()] = step
-        mse = (h - hhat).pow(2).sum(-1).mean() / var
-        dead = (step - last) > dead_after
-        aux = torch.zeros(())
-        if dead.any():
-            ka = int(min(2 * sae.k, int(dead.sum())))
-            pd = p.masked_fill(~dead[None], -float("inf"))
-            va, ia = pd.topk(ka, dim=-1)
-            za = torch.zeros_like(p).scatter(-1, ia, va)
-            e = (h - hhat).detach()
-            aux = aux_coef * (e - za @ sae.W_d.T).pow(2).sum(-1).mean() / var
-        return {"mse": mse, "aux": aux, "dead_frac": float(dead.float().mean())}
-
-    def renorm(step, hist):
-        sae.normalize_decoder()
-        return False
-
-    return fit(loss_fn, sae.parameters(), steps=steps, lr=lr, callbacks=[renorm], progress=progress, desc="SAE")
-
-
-@torch.no_grad()
-def sae_fidelity(sae: TopKSAE, states: torch.Tensor) -> dict:
-    "Explained variance 1 - sum|h - hhat|^2 / sum|h - mean|^2 and the fraction of latents that never fire on `states`."
-    hhat, z = sae(states)
-    ev = 1 - float((states - hhat).pow(2).sum() / (states - states.mean(0)).pow(2).sum())
-    return {"ev": ev, "dead": float(((z != 0).sum(0) == 0).float().mean())}
-
 # %% ../nbs/22_dplm_sae.ipynb #25d4b8e3
 def auroc_columns(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
     "AUROC of each column of pos (P, m) against neg (Q, m): U / (P Q) from average ranks (ties count one half)."
@@ -639,12 +561,13 @@ def harvest_states(model: DiffusionPLM, x: torch.Tensor,  # (N, L) clean tokens
 
 
 def train_layer_saes(states: list[torch.Tensor], n_latents: int, k: int, steps: int, batch_size: int, lr: float,
-                     generator: torch.Generator) -> tuple[list[TopKSAE], list[History]]:
-    "One TopK SAE per layer on that layer's pooled states."
+                     seed: int, *names: str) -> tuple[list[TopKSAE], list[History]]:
+    "One TopK SAE per layer on that layer's pooled states (genlab.parts; streams `names`, layer, init/batches of `seed`)."
     saes, hists = [], []
-    for h in states:
-        sae = TopKSAE(h.shape[1], n_latents, k, generator)
-        hists.append(train_sae(sae, h, steps=steps, batch_size=batch_size, lr=lr, generator=generator))
+    for l, h in enumerate(states):
+        sae = TopKSAE(h.shape[1], n_latents, k, generator=rng(seed, *names, l, "init"))
+        hists.append(train_topk_sae(sae, h, steps=steps, batch=batch_size, lr=lr, dead_steps=50,
+                                    generator=rng(seed, *names, l, "batches")))
         saes.append(sae.eval())
     return saes, hists
 
@@ -751,9 +674,8 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
     from scipy.stats import mannwhitneyu, spearmanr
     T0 = time.perf_counter()
     tm = {}
-    rng = np.random.default_rng(seed)
-    g = torch.Generator().manual_seed(seed)
-    data = make_synthetic(cfg, rng)
+    npg = np_rng(seed, "synthetic")
+    data = make_synthetic(cfg, npg)
     fams, tokens, kind, role, family = data["fams"], data["tokens"], data["kind"], data["role"], data["family"]
     tm["data_s"] = time.perf_counter() - T0
     planted = {"catalytic": float(np.mean([(data["core"][(family == f) & data["train"]][:, fam.catalytic] == fam.cat_res).mean()
@@ -763,11 +685,11 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
     tok = torch.as_tensor(tokens)
     train_idx, test_idx = np.nonzero(data["train"])[0], np.nonzero(~data["train"])[0]
     Xtr = tok[train_idx]
-    torch.manual_seed(seed)
+    set_seed(stream_seed(seed, "dplm", "init"))  # nn.TransformerEncoderLayer initialises from the global RNG, no generator
     model = DiffusionPLM(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp, max_len=cfg.core_len + cfg.prefix_max)
     untrained = copy.deepcopy(model).eval()
-    gval = torch.Generator().manual_seed(seed + 1)
-    xval = tok[test_idx[rng.choice(len(test_idx), size=min(256, len(test_idx)), replace=False)]]
+    gval = rng(seed, "val-mask")
+    xval = tok[test_idx[npg.choice(len(test_idx), size=min(256, len(test_idx)), replace=False)]]
     xval_t, mval = mask_tokens(xval, 0.15, gval)
     val_curve = {"step": [], "acc": []}
 
@@ -781,13 +703,13 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
 
     t1 = time.perf_counter()
     hist = train_dplm(model, lambda n, gg: Xtr[torch.randint(0, len(Xtr), (n,), generator=gg)], cfg.train_steps,
-                      cfg.batch, cfg.lr, cfg.t_min, g, every=[(max(1, cfg.train_steps // 10), val_cb)], progress=progress)
+                      cfg.batch, cfg.lr, cfg.t_min, rng(seed, "dplm", "batches"), every=[(max(1, cfg.train_steps // 10), val_cb)], progress=progress)
     model.eval()
     tm["train_s"] = time.perf_counter() - t1
 
     # --- S2: held-out masked accuracy at t = 0.15 and generation ---
     Xte = tok[test_idx]
-    gacc = torch.Generator().manual_seed(seed + 2)
+    gacc = rng(seed, "test-mask")
     xt15, m15 = mask_tokens(Xte, 0.15, gacc)
     lg15, _ = model_states(model, xt15)
     pred = lg15.argmax(-1).numpy()
@@ -799,8 +721,8 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
     s2 = {"acc_model": float((pred == Xten)[m15n].mean()), "acc_colmode": float((base_pred == Xten)[m15n].mean()),
           "acc_model_cat": float((pred == Xten)[m15n & (kte == 1)].mean()),
           "acc_colmode_cat": float((base_pred == Xten)[m15n & (kte == 1)].mean())}
-    ggen = torch.Generator().manual_seed(seed + 3)
-    lens = cfg.core_len + rng.integers(0, cfg.prefix_max + 1, size=cfg.n_generate)
+    ggen = rng(seed, "generate")
+    lens = cfg.core_len + npg.integers(0, cfg.prefix_max + 1, size=cfg.n_generate)
     xg = torch.full((cfg.n_generate, cfg.core_len + cfg.prefix_max), PAD)
     for n, Ln in enumerate(lens):
         xg[n, :Ln] = 0
@@ -827,14 +749,14 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
     no_prefix = None
     if cfg.prefix_diagnostic:
         core_t = torch.as_tensor(data["core"])
-        torch.manual_seed(seed + 7)
+        set_seed(stream_seed(seed, "no-prefix", "init"))  # torch layer init, as above
         m_np = DiffusionPLM(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp, max_len=cfg.core_len)
         Ctr = core_t[train_idx]
         train_dplm(m_np, lambda n, gg: Ctr[torch.randint(0, len(Ctr), (n,), generator=gg)], cfg.train_steps, cfg.batch,
-                   cfg.lr, cfg.t_min, torch.Generator().manual_seed(seed + 8))
+                   cfg.lr, cfg.t_min, rng(seed, "no-prefix", "batches"))
         m_np.eval()
         Cte = core_t[test_idx]
-        xnp, mnp = mask_tokens(Cte, 0.15, torch.Generator().manual_seed(seed + 2))
+        xnp, mnp = mask_tokens(Cte, 0.15, rng(seed, "test-mask"))   # the same mask law and draws as the prefixed test set
         with torch.no_grad():
             pnp = m_np(xnp).argmax(-1).numpy()
         base_np = prof_mode[fam_te[:, None], np.arange(cfg.core_len)[None]]
@@ -843,28 +765,28 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
     tm["no_prefix_diag_s"] = time.perf_counter() - t_np
 
     # --- SAEs on pooled states (trained and untrained models) ---
-    harvest = torch.as_tensor(rng.choice(train_idx, size=min(len(train_idx), 1500), replace=False))
+    harvest = torch.as_tensor(npg.choice(train_idx, size=min(len(train_idx), 1500), replace=False))
     A_idx = np.concatenate([test_idx[family[test_idx] == f][:cfg.n_analysis] for f in range(len(fams))])
     XA = tok[A_idx]
     models = {"trained": model, "untrained": untrained}
     saes, sae_hist, fidelity = {}, {}, {}
     t2 = time.perf_counter()
     for name, mdl in models.items():
-        st = harvest_states(mdl, tok[harvest], cfg.noise_levels, cfg.sae_states, g)
-        held = harvest_states(mdl, XA, cfg.noise_levels, min(20000, cfg.sae_states // 2), g)
+        st = harvest_states(mdl, tok[harvest], cfg.noise_levels, cfg.sae_states, rng(seed, "harvest", name))
+        held = harvest_states(mdl, XA, cfg.noise_levels, min(20000, cfg.sae_states // 2), rng(seed, "harvest-held", name))
         saes[name], sae_hist[name] = train_layer_saes(st, cfg.sae_latents, cfg.sae_k, cfg.sae_steps, cfg.sae_batch,
-                                                      cfg.sae_lr, g)
-        fidelity[name] = [sae_fidelity(s, h) for s, h in zip(saes[name], held)]
+                                                      cfg.sae_lr, seed, "sae", name)
+        fidelity[name] = [topk_sae_quality(s, h) for s, h in zip(saes[name], held)]
     tm["sae_s"] = time.perf_counter() - t2
     sae_states_per_s = 2 * cfg.n_layers * cfg.sae_steps * cfg.sae_batch / tm["sae_s"]
 
     # --- analysis set: selection / evaluation halves by protein ---
     t3 = time.perf_counter()
     tokA, kindA, roleA, famA = tokens[A_idx], kind[A_idx], role[A_idx], family[A_idx]
-    perm = rng.permutation(len(A_idx))
+    perm = npg.permutation(len(A_idx))
     halves = {"sel": np.sort(perm[:len(perm) // 2]), "eval": np.sort(perm[len(perm) // 2:])}
     validA = kindA >= 0
-    fake = _fake_positives(tokA, kindA, roleA, famA, halves, rng)
+    fake = _fake_positives(tokA, kindA, roleA, famA, halves, npg)
     res = {}
     for name, mdl in models.items():
         _, hs = model_states(mdl, XA)
@@ -888,7 +810,7 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
             sel = np.zeros(len(A_idx), bool); sel[halves["sel"]] = True
             cat_pos = np.argwhere(kindA == 1)
             non = np.argwhere((kindA >= 0) & (kindA != 1))
-            non = non[rng.choice(len(non), size=min(len(non), 2 * len(cat_pos)), replace=False)]
+            non = non[npg.choice(len(non), size=min(len(non), 2 * len(cat_pos)), replace=False)]
             pp = np.concatenate([cat_pos, non]); yp = np.r_[np.ones(len(cat_pos)), np.zeros(len(non))]
             trp, tep = sel[pp[:, 0]], ~sel[pp[:, 0]]
             for l, (h, sae) in enumerate(zip(hs, saes[name])):
@@ -898,15 +820,15 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
                     vflat = torch.as_tensor(validA.reshape(-1))
                     vi = vflat.nonzero()[:, 0]
                     shuf = rec.clone()
-                    shuf[vi] = sae(flat[vi[torch.randperm(len(vi), generator=g)]])[0]
+                    shuf[vi] = sae(flat[vi[torch.randperm(len(vi), generator=rng(seed, "shuffled-states", name, l))]])[0]
                 feats_ = {"h": flat.numpy().reshape(h.shape), "hhat": rec.numpy().reshape(h.shape),
                           "shuf": shuf.numpy().reshape(h.shape)}
                 acc = {}
                 for key, Hh in feats_.items():
                     pooled = (Hh * validA[..., None]).sum(1) / validA.sum(1, keepdims=True)
-                    acc[("family", key)] = probe_accuracy(pooled[sel], famA[sel], pooled[~sel], famA[~sel], seed=seed)
+                    acc[("family", key)] = probe_accuracy(pooled[sel], famA[sel], pooled[~sel], famA[~sel], seed=stream_seed(seed, "probe") % 2**32)
                     Xp = Hh[pp[:, 0], pp[:, 1]]
-                    acc[("catalytic", key)] = probe_accuracy(Xp[trp], yp[trp], Xp[tep], yp[tep], balanced=True, seed=seed)
+                    acc[("catalytic", key)] = probe_accuracy(Xp[trp], yp[trp], Xp[tep], yp[tep], balanced=True, seed=stream_seed(seed, "probe") % 2**32)
                 for pr in ("family", "catalytic"):
                     gaps[pr].append(100 * (acc[(pr, "h")] - acc[(pr, "hhat")]))
                     gaps[pr + "_shuf"].append(100 * (acc[(pr, "h")] - acc[(pr, "shuf")]))
@@ -922,7 +844,7 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
             Cs.append(fr["C"]); freqs.append((acts != 0).mean(0)); fis.append(fr)
         r["C_sizes"] = [int(len(C)) for C in Cs]
         r["fisher_top_cat_frac_max"] = [float(f["top_cat_frac"].max()) for f in fis]
-        gm = torch.Generator().manual_seed(seed + 4)
+        gm = rng(seed, "c2-masks")   # the same masks for the trained and the untrained model
         c2 = {}
         for t in (0.25, 0.5, 0.75):
             if t not in cfg.noise_levels:
@@ -939,7 +861,7 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
             if t == 0.5 and name == "trained":
                 e = allres[(layer, "eval")]
                 if nonempty:
-                    sets = frequency_matched_sets(freqs[layer], Cs[layer], cfg.n_null, rng)
+                    sets = frequency_matched_sets(freqs[layer], Cs[layer], cfg.n_null, npg)
                     zl = zt[layer]
                     sp = zl[e["pos"][:, 0], e["pos"][:, 1]][:, sets].mean(-1)
                     sc = zl[e["ctrl"][:, 0], e["ctrl"][:, 1]][:, sets].mean(-1)
@@ -950,7 +872,7 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
                 else:
                     c2[t]["null"] = [0.5] * cfg.n_null
                 # context destroyed: same masks and positions, every unmasked residue a background draw
-                bg = torch.as_tensor(rng.choice(20, size=xt.shape, p=BG_FREQ))
+                bg = torch.as_tensor(npg.choice(20, size=xt.shape, p=BG_FREQ))
                 xcd = torch.where((xt != MASK) & (xt != PAD), bg, xt)
                 _, hs_cd = model_states(mdl, xcd)
                 zcd = encode_layers(saes[name], hs_cd)
@@ -961,9 +883,9 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
 
     # --- C3 / S4: denoising trajectories from t0 ---
     t4 = time.perf_counter()
-    nat = rng.choice(test_idx, size=cfg.n_denoise, replace=False)
+    nat = npg.choice(test_idx, size=cfg.n_denoise, replace=False)
     x0 = tok[np.repeat(nat, cfg.n_replicates)]
-    gd = torch.Generator().manual_seed(seed + 5)
+    gd = rng(seed, "c3-mask")
     _, mask0 = mask_tokens(x0, cfg.t0, gd)
     dn = denoise(model, x0, mask0, per_step=cfg.per_step)
     tm["denoise_s"] = time.perf_counter() - t4
@@ -992,7 +914,7 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
                     if cat_r[ok].sum() > 0 and (cat_r[ok] == 0).sum() > X.shape[1] else None)
     boot = []
     for _ in range(cfg.n_boot):
-        pick = rng.integers(0, cfg.n_denoise, size=cfg.n_denoise)
+        pick = npg.integers(0, cfg.n_denoise, size=cfg.n_denoise)
         rr = np.concatenate([np.nonzero(seqr == s)[0] for s in pick])
         if cat_r[rr].sum() > 0:
             boot.append(ols_beta(np.column_stack([cat_r[rr], X[rr]]), y[rr])[0])
@@ -1010,7 +932,7 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
                 cand = np.setdiff1d(cand_all[dec_all[f, cand_all] == dec_all[f, c]], chosen)
                 if len(cand) == 0:
                     cand = np.setdiff1d(cand_all[np.argsort(np.abs(data["entropy"][f, cand_all] - data["entropy"][f, c]))[:3]], chosen)
-                chosen.append(int(rng.choice(cand)))
+                chosen.append(int(npg.choice(cand)))
             fake_ind[(fr_ == f) & np.isin(cr_, chosen)] = 1
         nulls.append(float(ols_beta(np.column_stack([fake_ind, X[keep]]), y[keep])[0]))
     s_cat, s_oth = s_all[m0 & (k0 == 1)], s_all[m0 & (k0 == 0)]
@@ -1028,7 +950,7 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
     dms_nat = np.concatenate([test_idx[family[test_idx] == f][-cfg.dms_per_family:] for f in range(len(fams))])
     rho = {"dplm": [], "random": [], "profile": [], "partial": []}
     fam_of = []
-    gdm = torch.Generator().manual_seed(seed + 6)
+    gdm = rng(seed, "dms-masks")
     for n in dms_nat:
         f, fam, p0 = family[n], fams[family[n]], data["prefix"][n]
         xnat = data["core"][n]
@@ -1067,7 +989,7 @@ def synthetic_seed(cfg: DplmSaeConfig, seed: int, progress: bool = False) -> dic
           "n_fam_positive": int(np.sum(np.array(fam_rho) > 0))}
     tm["total_s"] = time.perf_counter() - T0
     return {"seed": seed, "planted": planted, "s2": s2, "no_prefix": no_prefix, "fidelity": fidelity, "res": res, "c3": c3, "c4": c4,
-            "hist": hist, "val_curve": val_curve, "sae_hist": {k: [h.losses["mse"] for h in v] for k, v in sae_hist.items()},
+            "hist": hist, "val_curve": val_curve, "sae_hist": {k: [h.losses["fvu"] for h in v] for k, v in sae_hist.items()},
             "timing": tm, "train_steps_per_s": hist.steps_per_second, "sae_states_per_s": sae_states_per_s,
             "denoise_forwards": int(denoise_forwards), "denoise_seqs": int(len(x0)),
             "n_params": sum(p.numel() for p in model.parameters()),
@@ -1293,12 +1215,11 @@ def _permute_within(y: np.ndarray, strata: np.ndarray, rng: np.random.Generator)
 def real_seed(cfg: DplmSaeConfig, seed: int, rd: dict, progress: bool = False) -> dict:
     "One seed of the real-protein section: train on proteome crops, SAEs, R-gate, R1-R3 statistics."
     T0 = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    g = torch.Generator().manual_seed(seed)
+    npg = np_rng(seed, "real")
     prot, tab = rd["proteome"], rd["table"]
     N = len(prot["seqs"])
     fam = set(rd["family_proteins"])
-    others = rng.permutation([i for i in range(N) if i not in fam])
+    others = npg.permutation([i for i in range(N) if i not in fam])
     n_hold = int(round(cfg.real_holdout * len(others)))
     held, train = others[:n_hold], others[n_hold:]
     held_seqs = {prot["seqs"][i] for i in list(fam) + held.tolist()}
@@ -1308,25 +1229,24 @@ def real_seed(cfg: DplmSaeConfig, seed: int, rd: dict, progress: bool = False) -
         train = train[:cfg.real_train_proteins]
     s5_disjoint = not (set(train.tolist()) & (fam | set(held.tolist())))
     train_tokens = [prot["tokens"][i] for i in train]
-    torch.manual_seed(seed)
+    set_seed(stream_seed(seed, "real", "dplm", "init"))  # nn.TransformerEncoderLayer initialises from the global RNG, no generator
     model = DiffusionPLM(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp, max_len=cfg.real_crop)
     untrained = copy.deepcopy(model).eval()
     sampler = _crop_sampler(train_tokens, cfg.real_crop)
     t1 = time.perf_counter()
-    hist = train_dplm(model, sampler, cfg.real_steps, cfg.real_batch, cfg.lr, cfg.t_min, g, progress=progress, desc="DPLM real")
+    hist = train_dplm(model, sampler, cfg.real_steps, cfg.real_batch, cfg.lr, cfg.t_min, rng(seed, "real", "dplm", "batches"), progress=progress, desc="DPLM real")
     model.eval()
     train_s = time.perf_counter() - t1
     # R-gate: held-out masked log-likelihood at t = 0.15 against the training composition (unigram)
     comp = np.bincount(np.concatenate(train_tokens), minlength=22)[:20].astype(float)
     logq = np.log(comp / comp.sum())
-    gh = torch.Generator().manual_seed(seed + 1)
-    xh = _crop_sampler([prot["tokens"][i] for i in held], cfg.real_crop)(max(2 * len(held), 64), gh)
-    lp, aa = masked_logprob(model, xh, 0.15, gh)
+    xh = _crop_sampler([prot["tokens"][i] for i in held], cfg.real_crop)(max(2 * len(held), 64), rng(seed, "real", "heldout-crops"))
+    lp, aa = masked_logprob(model, xh, 0.15, rng(seed, "real", "gate-mask"))
     gate_diff = float(np.mean(lp - logq[aa]))
-    lp_u, aa_u = masked_logprob(untrained, xh, 0.15, torch.Generator().manual_seed(seed + 1))
+    lp_u, aa_u = masked_logprob(untrained, xh, 0.15, rng(seed, "real", "gate-mask"))   # the same mask as the trained model
     # SAEs on pooled states of training crops (trained and untrained models)
     t2 = time.perf_counter()
-    crops = sampler(max(300, cfg.real_sae_states // 60), g)
+    crops = sampler(max(300, cfg.real_sae_states // 60), rng(seed, "real", "sae-crops"))
     W, row_w, row_p = _windows(rd, cfg.real_crop)
     out = {"seed": seed, "gate_diff": gate_diff, "gate_diff_untrained": float(np.mean(lp_u - logq[aa_u])),
            "n_train_proteins": int(len(train)), "n_heldout_random": int(len(held)), "n_family_proteins": len(fam),
@@ -1336,20 +1256,21 @@ def real_seed(cfg: DplmSaeConfig, seed: int, rd: dict, progress: bool = False) -
     aa_r, re_r, cat_r, prot_r = tab["aa"][keep], tab["relent"][keep], tab["catalytic"][keep], tab["protein"][keep]
     rw, rp = row_w[keep], row_p[keep]
     fam_list = np.array(sorted(fam))
-    perm = rng.permutation(fam_list)
+    perm = npg.permutation(fam_list)
     sel_prot = set(perm[:len(perm) // 2].tolist())
     is_sel = np.array([p in sel_prot for p in prot_r])
-    gd = torch.Generator().manual_seed(seed + 2)
+    gd = rng(seed, "real", "c3-mask")
     xw = W.repeat(2, 1)
     _, mw = mask_tokens(xw, cfg.t0, gd)
-    xm5, mm5 = mask_tokens(W, 0.5, torch.Generator().manual_seed(seed + 3))
+    xm5, mm5 = mask_tokens(W, 0.5, rng(seed, "real", "r3-mask"))
     catw = np.zeros(W.shape, bool); catw[rw[cat_r], rp[cat_r]] = True
     xm5 = torch.where(torch.as_tensor(catw), torch.full_like(xm5, MASK), xm5)  # the catalytic residues are masked
     for name, mdl in (("trained", model), ("untrained", untrained)):
-        st = harvest_states(mdl, crops, cfg.noise_levels, cfg.real_sae_states, g)
-        saes, _ = train_layer_saes(st, cfg.sae_latents, cfg.sae_k, cfg.real_sae_steps, cfg.sae_batch, cfg.sae_lr, g)
-        held_st = harvest_states(mdl, xh, cfg.noise_levels, min(10000, cfg.real_sae_states // 2), g)
-        out[f"fidelity_{name}"] = [sae_fidelity(s, h) for s, h in zip(saes, held_st)]
+        st = harvest_states(mdl, crops, cfg.noise_levels, cfg.real_sae_states, rng(seed, "real", "harvest", name))
+        saes, _ = train_layer_saes(st, cfg.sae_latents, cfg.sae_k, cfg.real_sae_steps, cfg.sae_batch, cfg.sae_lr,
+                                   seed, "real", "sae", name)
+        held_st = harvest_states(mdl, xh, cfg.noise_levels, min(10000, cfg.real_sae_states // 2), rng(seed, "real", "harvest-held", name))
+        out[f"fidelity_{name}"] = [topk_sae_quality(s, h) for s, h in zip(saes, held_st)]
         _, hs = model_states(mdl, W)
         zs = [z[rw, rp] for z in encode_layers(saes, hs)]
         r1 = _r1_select([z[is_sel] for z in zs], [z[~is_sel] for z in zs], re_r[is_sel], re_r[~is_sel], aa_r[is_sel], aa_r[~is_sel])
@@ -1357,8 +1278,8 @@ def real_seed(cfg: DplmSaeConfig, seed: int, rd: dict, progress: bool = False) -
         out[f"r1_pooled_{name}"] = float(spearman_within(zs[r1["layer"]][:, r1["feature"]], re_r, np.zeros(len(re_r))))
         if name == "trained":
             re_p = re_r.copy()
-            re_p[is_sel] = _permute_within(re_r[is_sel], aa_r[is_sel], rng)
-            re_p[~is_sel] = _permute_within(re_r[~is_sel], aa_r[~is_sel], rng)
+            re_p[is_sel] = _permute_within(re_r[is_sel], aa_r[is_sel], npg)
+            re_p[~is_sel] = _permute_within(re_r[~is_sel], aa_r[~is_sel], npg)
             out["r1_perm"] = _r1_select([z[is_sel] for z in zs], [z[~is_sel] for z in zs], re_p[is_sel], re_p[~is_sel],
                                         aa_r[is_sel], aa_r[~is_sel])
             _, hs5 = model_states(mdl, xm5)
@@ -1377,7 +1298,7 @@ def real_seed(cfg: DplmSaeConfig, seed: int, rd: dict, progress: bool = False) -
         ok = np.isfinite(s_res)
         out[f"r2_{name}"] = float(spearman_within(-s_res[ok], re_r[ok], aa_r[ok]))
         if name == "trained":
-            out["r2_perm"] = float(spearman_within(-s_res[ok], _permute_within(re_r[ok], aa_r[ok], rng), aa_r[ok]))
+            out["r2_perm"] = float(spearman_within(-s_res[ok], _permute_within(re_r[ok], aa_r[ok], npg), aa_r[ok]))
             out["r2_pooled"] = float(spearman_within(-s_res[ok], re_r[ok], np.zeros(ok.sum())))
             out["s_res"], out["relent_res"], out["aa_res"] = s_res, re_r, aa_r
             out["n_catalytic_residues"] = int(cat_r.sum())
@@ -1400,7 +1321,7 @@ def real_seed(cfg: DplmSaeConfig, seed: int, rd: dict, progress: bool = False) -
                                        for i, v in enumerate(grp)]))
         out[f"r3_pct_{name}"] = pct
         if pct:
-            draws = np.stack([ns[rng.integers(0, len(ns), size=cfg.real_perm)] for ns in null_sets]).mean(0)
+            draws = np.stack([ns[npg.integers(0, len(ns), size=cfg.real_perm)] for ns in null_sets]).mean(0)
             out[f"r3_perm_p_{name}"] = float((np.sum(draws <= np.mean(pct)) + 1) / (cfg.real_perm + 1))
     out["sae_s"] = time.perf_counter() - t2
     out["n_residues"], out["n_windows"] = int(keep.sum()), int(len(W))

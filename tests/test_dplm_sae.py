@@ -8,10 +8,10 @@ import torch
 import torch.nn as nn
 
 from genlab.core import ParameterError, resolve
-from genlab.dplm_sae import (AA, MASK, PAD, PRESETS, PottsFamily, TopKSAE, auroc_columns, commit_steps, denoise,
+from genlab.dplm_sae import (AA, MASK, PAD, PRESETS, PottsFamily, auroc_columns, commit_steps, denoise,
                              diffusion_loss, encode_sequence, fisher_enriched, gibbs_sample, load_hmm, load_proteome,
                              make_family, mask_tokens, match_state_map, matched_controls, mcsa_catalytic_states,
-                             mcsa_entry, ols_beta, relative_entropy_states, search_domains, spearman_within, train_sae)
+                             mcsa_entry, ols_beta, relative_entropy_states, search_domains, spearman_within, train_layer_saes)
 
 torch.set_num_threads(1)
 
@@ -60,18 +60,17 @@ def test_loss_is_masked_cross_entropy_over_length_with_1_over_t():
     assert diffusion_loss(_Fixed(l2), x, t, torch.Generator().manual_seed(s)).item() == pytest.approx(lw.item(), rel=1e-6)
 
 
-def test_topk_sae_exact_k_and_unit_decoder():
-    sae = TopKSAE(12, 30, 4, torch.Generator().manual_seed(0))
-    h = torch.randn(500, 12)
-    _, z = sae(h)
-    assert ((z != 0).sum(-1) == 4).all()
-    # the kept latents are the 4 largest pre-activations
-    pre = sae.pre(h)
-    assert torch.equal(z.abs().topk(4, -1).indices.sort(-1).values, pre.topk(4, -1).indices.sort(-1).values)
-    train_sae(sae, h, steps=25, batch_size=64, generator=torch.Generator().manual_seed(1))
-    assert torch.allclose(sae.W_d.norm(dim=0), torch.ones(30), atol=1e-5)
-    with pytest.raises(ParameterError, match="sae_k"):
-        TopKSAE(12, 8, 9)
+def test_layer_saes_are_reproducible_named_streams():
+    states = [torch.randn(400, 12, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    a, ha = train_layer_saes(states, 30, 4, 25, 64, 1e-3, 0, "sae", "trained")
+    b, _ = train_layer_saes(states, 30, 4, 25, 64, 1e-3, 0, "sae", "trained")
+    c, _ = train_layer_saes(states, 30, 4, 25, 64, 1e-3, 0, "sae", "untrained")
+    assert len(a) == len(ha) == 2 and all(torch.equal(x.W_dec, y.W_dec) for x, y in zip(a, b))
+    assert not torch.equal(a[0].W_dec, c[0].W_dec) and not torch.equal(a[0].W_dec, a[1].W_dec)
+    for sae, h in zip(a, states):
+        assert torch.allclose(sae.W_dec.norm(dim=1), torch.ones(30), atol=1e-5)
+        assert ((sae.encode(h) != 0).sum(-1) == 4).all()
+        assert torch.allclose(sae.b_pre, h.mean(0), atol=0.5)   # b_pre starts at the mean and moves little in 25 steps
 
 
 def test_sae_k_larger_than_width_rejected_by_config():
