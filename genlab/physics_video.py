@@ -14,7 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, np_rng, param
+from .parts import mlp, time_embedding
 from .train import History, ValidationMonitor, fit
 
 # %% auto #0
@@ -484,7 +485,7 @@ def scene_template(template: str, rng: np.random.Generator, *, soft_frac: float 
 # %% ../nbs/17_physics_video.ipynb #a3f689f8
 def texture(n: int, seed: int = 0) -> np.ndarray:
     "Fixed per-particle brightness factors in [0.85, 1.15] (so that rotation is visible)."
-    return np.random.default_rng(seed + 7919).uniform(0.85, 1.15, n)
+    return np_rng(seed, "texture").uniform(0.85, 1.15, n)
 
 
 def background(W: int) -> np.ndarray:
@@ -540,12 +541,12 @@ def render(x: np.ndarray, scene: Scene, W: int, *, sigma: float = 0.8, tau: floa
     return np.clip(out, 0, 1)
 
 # %% ../nbs/17_physics_video.ipynb #17f5b580
-def make_clips(n_per_template: int, seed: int, templates=TEMPLATES, n_frames: int = 24, **sim_kw) -> list[tuple[Scene, np.ndarray]]:
-    "Scenes of each template and their GT trajectories (n_frames, n, 3), from one seeded generator (`data_seed`)."
+def make_clips(n_per_template: int, rng: np.random.Generator, templates=TEMPLATES, n_frames: int = 24,
+               **sim_kw) -> list[tuple[Scene, np.ndarray]]:
+    "Scenes of each template and their GT trajectories (n_frames, n, 3), all drawn from `rng` (a stream of `data_seed`)."
     check_range("n_per_template", n_per_template, 1)
     for t in templates:
         check_choice("templates", t, TEMPLATES)
-    rng = np.random.default_rng(seed)
     out = []
     for i in range(n_per_template):
         for t in templates:
@@ -595,7 +596,7 @@ def clip_tensors(clips: list, W: int, frames) -> dict:
             "visible": torch.as_tensor(np.stack(vo), dtype=torch.float32)}
 
 # %% ../nbs/17_physics_video.ipynb #966b2883
-OBJ_CODES = (lambda a: a / np.linalg.norm(a, axis=1, keepdims=True))(np.random.default_rng(12345).normal(size=(8, 3)))
+OBJ_CODES = (lambda a: a / np.linalg.norm(a, axis=1, keepdims=True))(np_rng(0, "object-codes").normal(size=(8, 3)))
 VIMF_CHANNELS = ("occ", "vis0", "inv", "src_x", "src_y", "vel_x", "vel_y", "id_0", "id_1", "id_2")
 
 
@@ -672,11 +673,6 @@ def warp_frame0(frame0: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
     return out * field[:, 1:2]
 
 # %% ../nbs/17_physics_video.ipynb #f249c2ee
-def _mlp(i: int, o: int, hidden: int, norm: bool = True) -> nn.Module:
-    layers = [nn.Linear(i, hidden), nn.SiLU(), nn.Linear(hidden, o)]
-    return nn.Sequential(*layers, nn.LayerNorm(o)) if norm else nn.Sequential(*layers)
-
-
 def intra_edges(scene: Scene, k: int = 6) -> np.ndarray:
     "Intra-object k-NN edges (2, m) from the rest shape, symmetrised, no self-edges (Sec. 3.1)."
     from scipy.spatial import cKDTree
@@ -716,17 +712,19 @@ class PGDS(nn.Module):
     `edges`: 'all' (intra + inter, the method), 'intra' (no inter-object edges, B5) or 'none' (per-particle MLP)."""
 
     def __init__(self, hidden: int = 64, mp_steps: int = 4, history: int = 3, edges: str = "all",
-                 knn: int = 6, radius: float = 2.5 * R_P, floor_radius: float = 0.1, use_floor: bool = True):
+                 knn: int = 6, radius: float = 2.5 * R_P, floor_radius: float = 0.1, use_floor: bool = True,
+                 generator: torch.Generator | None = None):  # draws the initial weights
         super().__init__()
         check_choice("edges", edges, ("all", "intra", "none"))
         check_range("mp_steps", mp_steps, 0); check_range("history", history, 1); check_range("hidden", hidden, 1)
         self.hidden, self.mp_steps, self.history, self.edges = hidden, mp_steps, history, edges
         self.knn, self.radius, self.floor_radius, self.use_floor = knn, radius, floor_radius, use_floor
-        self.node_enc = _mlp(3 * history + 4, hidden, hidden)
-        self.edge_enc = _mlp(6, hidden, hidden)
-        self.edge_mlps = nn.ModuleList([_mlp(3 * hidden, hidden, hidden) for _ in range(mp_steps)])
-        self.node_mlps = nn.ModuleList([_mlp(2 * hidden, hidden, hidden) for _ in range(mp_steps)])
-        self.dec = _mlp(hidden, 3, hidden, norm=False)
+        block = lambda i: nn.Sequential(*mlp([i, hidden, hidden], generator=generator), nn.LayerNorm(hidden))  # SiLU MLP + norm
+        self.node_enc = block(3 * history + 4)
+        self.edge_enc = block(6)
+        self.edge_mlps = nn.ModuleList([block(3 * hidden) for _ in range(mp_steps)])
+        self.node_mlps = nn.ModuleList([block(2 * hidden) for _ in range(mp_steps)])
+        self.dec = mlp([hidden, hidden, 3], generator=generator)
         for n, v in (("v_mean", torch.zeros(3)), ("v_std", torch.ones(3)), ("a_mean", torch.zeros(3)), ("a_std", torch.ones(3))):
             self.register_buffer(n, v)
 
@@ -857,7 +855,7 @@ def _sep(b: Batch) -> np.ndarray:
 @torch.no_grad()
 def pgds_fixed_loss(model: PGDS, clips: list, n: int = 64, seed: int = 0) -> float:
     "One-step normalised-acceleration MSE on a fixed, noise-free set of n (clip, frame) pairs (a deterministic guard)."
-    rng = np.random.default_rng(seed)
+    rng = np_rng(seed, "pgds", "fixed-pairs")
     T = len(clips[0][1])
     picks = [(int(rng.integers(len(clips))), int(rng.integers(0, T - 1))) for _ in range(n)]
     hist, e, same, b, target = pgds_batch(model, clips, picks, 0.0, rng)
@@ -865,12 +863,11 @@ def pgds_fixed_loss(model: PGDS, clips: list, n: int = 64, seed: int = 0) -> flo
 
 
 def train_pgds(model: PGDS, clips: list, *, steps: int, batch: int = 4, lr: float = 1e-3, lr_end: float = 1e-4,
-               noise_std: float = 5e-4, seed: int = 0, val_clips: list | None = None, val_every: int = 0,
+               noise_std: float = 5e-4, rng: np.random.Generator, val_clips: list | None = None, val_every: int = 0,
                progress: bool = False) -> tuple[History, ValidationMonitor | None]:
     "Train on one-step pairs of training clips with `fit` (Adam, exponential decay lr -> lr_end); optional rollout validation."
     check_range("noise_std", noise_std, 0)
     model.set_stats(*pgds_stats(clips, model.history))
-    rng = np.random.default_rng(seed)
     T = len(clips[0][1])
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
     gamma = (lr_end / lr) ** (1.0 / max(1, steps))
@@ -971,11 +968,12 @@ class VideoUNet(nn.Module):
     channels at W, W/2, W/4) with temporal convs after each block, temporal self-attention at W/4 and FiLM on a
     sinusoidal tau embedding. Input per frame: 3 noisy + 16 condition channels, concatenated."""
 
-    def __init__(self, cond_ch: int = 16, ch: tuple = (24, 48, 48), tdim: int = 64):
+    def __init__(self, cond_ch: int = 16, ch: tuple = (24, 48, 48), tdim: int = 64,
+                 generator: torch.Generator | None = None):  # draws the tau-embedding MLP (the convolutions use torch's global one)
         super().__init__()
         c1, c2, c3 = ch
         self.tdim = tdim
-        self.temb = nn.Sequential(nn.Linear(tdim, tdim), nn.SiLU(), nn.Linear(tdim, tdim))
+        self.temb = mlp([tdim, tdim, tdim], generator=generator)
         self.inp = nn.Conv2d(3 + cond_ch, c1, 3, padding=1)
         self.d1 = _Block(c1, c1, tdim)
         self.d2 = _Block(c1, c2, tdim)
@@ -989,10 +987,7 @@ class VideoUNet(nn.Module):
 
     def forward(self, x, tau, cond):  # x (B, K, 3, W, W), tau (B,), cond (B, K, 16, W, W)
         B, K, _, W, _ = x.shape
-        half = self.tdim // 2
-        fr = torch.exp(-math.log(1000.0) * torch.arange(half) / half)
-        a = 1000.0 * tau[:, None] * fr[None]
-        temb = self.temb(torch.cat([a.sin(), a.cos()], 1)).repeat_interleave(K, 0)
+        temb = self.temb(time_embedding(tau, self.tdim, low=1.0, high=1000.0)).repeat_interleave(K, 0)
         h0 = self.inp(torch.cat([x, cond], 2).reshape(B * K, -1, W, W))
         h1 = self.d1(h0, temb, K)
         h2 = self.d2(F.avg_pool2d(h1, 2), temb, K)
@@ -1039,10 +1034,9 @@ def dropout_conditions(n: int, probs: tuple, gen: torch.Generator) -> torch.Tens
 
 
 def train_generator(model: VideoUNet, data: dict, *, steps: int, batch: int = 4, lr: float = 2e-4,
-                    cond_probs=(0.4, 0.4, 0.2), seed: int = 0, progress: bool = False) -> History:
+                    cond_probs=(0.4, 0.4, 0.2), gen: torch.Generator, progress: bool = False) -> History:
     """Train with condition dropout on GT-derived conditions (Sec. 3.3). `data`: frame0 (N, 3, W, W), target (N, K, 3, W, W)
-    in [-1, 1], vimf and visible (N, K, 10, W, W)."""
-    gen = torch.Generator().manual_seed(seed)
+    in [-1, 1], vimf and visible (N, K, 10, W, W); `gen` draws batches, condition dropout, noise and tau."""
     N, K = data["target"].shape[:2]
 
     def loss_fn(step):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from genlab.core import ParameterError, resolve
+from genlab.core import ParameterError, np_rng, resolve, rng
 from genlab import physics_video as pv
 
 torch.set_num_threads(1)
@@ -107,10 +107,9 @@ def test_u2_edges_symmetric_without_self_edges_and_knn_brute_force():
 
 
 def test_u2_translation_invariance_without_floor_feature():
-    torch.manual_seed(0)
     sc = _three_body()
     X = pv.simulate(sc, 6, gravity=0.0, floor=False)
-    m = pv.PGDS(16, 2, use_floor=False)
+    m = pv.PGDS(16, 2, use_floor=False, generator=rng(0, "pgds", "init"))
     b = pv.batch_scenes([sc])
     H = pv.history_of(X, sc.v0, 4)
     outs = []
@@ -134,12 +133,11 @@ def test_history_synthesis_and_noise_free_targets():
 
 
 def test_pgds_learns_and_rollout_shapes():
-    clips = pv.make_clips(2, 0, ("collide", "enter"))
-    torch.manual_seed(0)
-    m = pv.PGDS(16, 2)
+    clips = pv.make_clips(2, np_rng(0, "clips"), ("collide", "enter"))
+    m = pv.PGDS(16, 2, generator=rng(0, "pgds", "init"))
     m.set_stats(*pv.pgds_stats(clips))
     before = pv.pgds_fixed_loss(m, clips)
-    pv.train_pgds(m, clips, steps=60, batch=2)
+    pv.train_pgds(m, clips, steps=60, batch=2, rng=np_rng(0, "pgds", "batches"))
     assert pv.pgds_fixed_loss(m, clips) < before
     P = pv.rollout(m, [s for s, _ in clips], 10)
     assert [p.shape for p in P] == [(10, len(s.obj), 3) for s, _ in clips]
@@ -259,7 +257,7 @@ def test_u4_euler_sampler_matches_gaussian_target():
 
 def test_u4_overfitting_a_fixed_batch_lowers_the_loss():
     torch.manual_seed(0)
-    m = pv.VideoUNet(ch=(8, 8, 8))
+    m = pv.VideoUNet(ch=(8, 8, 8), generator=rng(0, "unet", "temb"))
     g = torch.Generator().manual_seed(0)
     x1 = torch.rand(2, 2, 3, 8, 8, generator=g) * 2 - 1
     cond = torch.rand(2, 2, 16, 8, 8, generator=g)
@@ -288,7 +286,7 @@ def test_condition_dropout_frequencies():
 
 # ---------------------------------------------------------------- metrics
 def test_metrics_of_the_ground_truth_itself():
-    sc, X = pv.make_clips(1, 3, ("emerge",))[0]
+    sc, X = pv.make_clips(1, np_rng(3, "clips"), ("emerge",))[0]
     W, fr = 24, [3, 6, 9]
     gt = np.stack([pv.render(X[t], sc, W) for t in fr])
     inv = pv.motion_field(X, sc, W, fr)[:, 2]
