@@ -51,7 +51,7 @@ def linear(d_in: int,  # input width (fan-in)
            ) -> nn.Linear:
     "`nn.Linear` initialised with torch's default law (Eq. 2), drawn from `generator`."
     check_range("d_in", d_in, 1); check_range("d_out", d_out, 1)
-    dev = generator.device if generator is not None else None
+    dev = generator.device if generator is not None else torch.get_default_device()
     lin = nn.utils.skip_init(nn.Linear, d_in, d_out, bias=bias, device=dev)  # no draw from the global generator
     bound = 1 / math.sqrt(d_in)
     with torch.no_grad():

@@ -268,3 +268,12 @@ def test_topk_sae_quality_against_direct_computation():
         dead = float(((z != 0).sum(0) == 0).float().mean())
     q = topk_sae_quality(sae, X, chunk=7)
     assert abs(q["fvu"] - fvu) < 1e-5 and q["dead_frac"] == dead
+
+
+def test_layers_without_a_generator_are_real_tensors_on_the_default_device():
+    import torch
+
+    from genlab.parts import linear, mlp
+    net = mlp([3, 4, 2])                                      # no generator: torch's global one, no meta tensors
+    assert all(p.device == torch.get_default_device() and not p.is_meta for p in net.parameters())
+    assert net(torch.randn(5, 3)).shape == (5, 2) and not linear(3, 2).weight.is_meta
