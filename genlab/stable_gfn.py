@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .core import ParameterError, check_choice, check_range, param, resolve, rng
+from .parts import mlp
 from .train import fit, make_optimizer
 
 # %% auto #0
@@ -268,10 +269,8 @@ def make_bitseq(n_bits: int = 8, k: int = 2, n_modes: int = 4, T_r: float = 1.0,
 
 # %% ../nbs/20_stable_gfn.ipynb #944aab1f
 def make_policy(env: GraphEnv, hidden: int, gen: torch.Generator) -> nn.Module:
-    "MLP policy: encoding -> hidden -> hidden -> action logits (ReLU)."
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    return nn.Sequential(nn.Linear(env.enc.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, env.n_actions))
+    "MLP policy of this environment: state encoding -> hidden -> hidden -> action logits (ReLU), weights drawn from `gen`."
+    return mlp([env.enc.shape[1], hidden, hidden, env.n_actions], act="relu", generator=gen)
 
 
 def masked_log_softmax(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
