@@ -13,18 +13,18 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, param, rng
+from .parts import linear_interpolant, mlp, time_embedding
 from .train import EMA, History, ValidationMonitor, fit
 
 # %% auto #0
-__all__ = ['PRESETS', 'FlowMatchingConfig', 'time_embedding', 'VelocityMLP', 'sample_path', 'ot_coupling', 'cfm_loss',
-           'train_cfm', 'sample_euler', 'sample_ode', 'path_straightness', 'transport_cost', 'exact_ot_cost',
-           'toy_experiment']
+__all__ = ['PRESETS', 'FlowMatchingConfig', 'VelocityMLP', 'sample_path', 'ot_coupling', 'cfm_loss', 'train_cfm', 'sample_euler',
+           'sample_ode', 'path_straightness', 'transport_cost', 'exact_ot_cost', 'toy_experiment']
 
 # %% ../nbs/10_flow_matching.ipynb #7e52eb8e
 @dataclass(frozen=True)
 class FlowMatchingConfig:
-    seed: int = param(0, lo=0, help="run seed; the 2-D seeds of a run are seed*100 + 0..n_seeds-1")
+    seed: int = param(0, lo=0, help="run seed; the 2-D seeds of a run are its named streams stream_seed(seed, '2d', i)")
     n_seeds: int = param(5, lo=1, help="2-D seeds per run (each trains both couplings and the control)")
     toy_steps: int = param(3000, lo=1, help="training steps per 2-D model")
     toy_batch: int = param(256, lo=2, help="2-D minibatch size (the OT plan is solved per minibatch)")
@@ -58,40 +58,33 @@ PRESETS = {
 }
 
 # %% ../nbs/10_flow_matching.ipynb #76761b83
-def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    "Sinusoidal embedding of times t (b,) in [0, 1]: (b, dim)."
-    half = dim // 2
-    freqs = torch.exp(-math.log(1000.0) * torch.arange(half, dtype=torch.float32) / max(1, half))
-    a = 1000.0 * t[:, None].float() * freqs[None]
-    return torch.cat([a.sin(), a.cos()], dim=1)
-
-
 class VelocityMLP(nn.Module):
-    "Velocity field v(t, x): an MLP on the state and a sinusoidal time embedding."
+    "Velocity field v(t, x): an MLP on the state and a sinusoidal time embedding (genlab.parts)."
 
-    def __init__(self, dim: int, hidden: int = 128, n_layers: int = 3, time_dim: int = 32):
+    def __init__(self, dim: int, hidden: int = 128, n_layers: int = 3, time_dim: int = 32,
+                 generator: torch.Generator | None = None):  # draws the initial weights
         super().__init__()
         check_range("dim", dim, 1); check_range("hidden", hidden, 1); check_range("n_layers", n_layers, 1)
         self.dim, self.time_dim = dim, time_dim
-        layers, width = [], dim + time_dim
-        for _ in range(n_layers):
-            layers += [nn.Linear(width, hidden), nn.SiLU()]
-            width = hidden
-        self.net = nn.Sequential(*layers, nn.Linear(width, dim))
+        self.net = mlp([dim + time_dim] + [hidden] * n_layers + [dim], act="silu", generator=generator)
+
+    def embed(self, t: torch.Tensor) -> torch.Tensor:
+        "The time features: frequencies from 1000 down to 1000^(1/h), h = time_dim / 2."
+        return time_embedding(t, self.time_dim, low=1000.0, high=1000.0 ** (1 / (self.time_dim // 2)))
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # t (b,) or scalar, x (b, d)
-        t = torch.as_tensor(t, dtype=x.dtype)
+        t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
         t = t.expand(x.shape[0]) if t.dim() == 0 else t.reshape(-1)
-        return self.net(torch.cat([x, time_embedding(t, self.time_dim)], dim=1))
+        return self.net(torch.cat([x, self.embed(t)], dim=1))
 
 # %% ../nbs/10_flow_matching.ipynb #8f67ebcf
 def sample_path(x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor,  # (b, d), (b, d), (b,)
                 sigma: float = 0.0, noise: torch.Tensor | None = None):
-    "Point x_t (Eq. 1) and target velocity u_t = x1 - x0 (Eq. 2) of the straight conditional path."
-    xt = (1 - t[:, None]) * x0 + t[:, None] * x1
+    "Point x_t (Eq. 1) and target velocity u_t = x1 - x0 (Eq. 2): the core linear interpolant plus sigma noise."
+    xt, ut = linear_interpolant(x0, x1, t)
     if sigma:
         xt = xt + sigma * (torch.randn_like(x0) if noise is None else noise)
-    return xt, x1 - x0
+    return xt, ut
 
 
 def ot_coupling(x0: torch.Tensor, x1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,14 +192,12 @@ def toy_experiment(cfg: FlowMatchingConfig,  # sizes, steps and evaluation grid
                    progress: bool = True,  # progress bars while training
                    ) -> dict:
     "One seed of the 2-D comparison (8 Gaussians -> moons): I-CFM, OT-CFM and a second-initialisation I-CFM control."
-    from genlab.data import sample_8gaussians, sample_moons
+    from genlab.data import sample_moons, sample_ring
     from genlab.metrics import mmd_rbf, sliced_w2
-    torch.manual_seed(seed)
-    init = VelocityMLP(2, cfg.toy_hidden, cfg.toy_layers).state_dict()
-    torch.manual_seed(seed + 7919)
-    init_ctrl = VelocityMLP(2, cfg.toy_hidden, cfg.toy_layers).state_dict()
-    gv = torch.Generator().manual_seed(seed + 5)
-    v0, v1 = sample_8gaussians(2048, gv), sample_moons(2048, gv)
+    init = VelocityMLP(2, cfg.toy_hidden, cfg.toy_layers, generator=rng(seed, "init")).state_dict()
+    init_ctrl = VelocityMLP(2, cfg.toy_hidden, cfg.toy_layers, generator=rng(seed, "control", "init")).state_dict()
+    gv = rng(seed, "validation")
+    v0, v1 = sample_ring(2048, gv), sample_moons(2048, gv)
     tv = torch.rand(2048, generator=gv)
     # held-out pairs coupled as in training: independent, or OT within minibatches of the training batch size
     b = cfg.toy_batch
@@ -219,17 +210,17 @@ def toy_experiment(cfg: FlowMatchingConfig,  # sizes, steps and evaluation grid
         a, b = val_pairs[coupling]
         mon = ValidationMonitor(lambda m=m, a=a, b=b: cfm_loss(m, a, b, tv))
         out["hists"][name] = train_cfm(m, lambda n, gen: sample_moons(n, gen), coupling=coupling, steps=cfg.toy_steps,
-                                       batch_size=cfg.toy_batch, lr=cfg.toy_lr, generator=torch.Generator().manual_seed(seed + 1),
-                                       sample_x0=lambda n, gen: sample_8gaussians(n, gen), progress=progress,
+                                       batch_size=cfg.toy_batch, lr=cfg.toy_lr, generator=rng(seed, "train"),
+                                       sample_x0=lambda n, gen: sample_ring(n, gen), progress=progress,
                                        every=[(cfg.val_every, mon)])
         out["models"][name], out["monitors"][name] = m.eval(), mon
-    ge = torch.Generator().manual_seed(seed + 2)
-    x0_eval, x1_ref = sample_8gaussians(cfg.eval_n, ge), sample_moons(cfg.eval_n, ge)
+    ge = rng(seed, "evaluation")
+    x0_eval, x1_ref = sample_ring(cfg.eval_n, ge), sample_moons(cfg.eval_n, ge)
     out["x0_eval"], out["x1_ref"] = x0_eval, x1_ref
     out["samples"], out["sw2"], out["mmd"] = {}, {}, {}
     for name, m in out["models"].items():
         out["samples"][name] = {n: sample_euler(m, x0_eval, n) for n in cfg.nfe_grid}
-        out["sw2"][name] = [sliced_w2(out["samples"][name][n], x1_ref, generator=torch.Generator().manual_seed(seed + 3))
+        out["sw2"][name] = [sliced_w2(out["samples"][name][n], x1_ref, generator=rng(seed, "sliced w2"))
                             for n in cfg.nfe_grid]
         out["mmd"][name] = [mmd_rbf(out["samples"][name][n], x1_ref) for n in cfg.nfe_grid]
     out["paths"] = {k: sample_euler(m, x0_eval, 100, return_path=True)[1] for k, m in out["models"].items()}
@@ -239,10 +230,10 @@ def toy_experiment(cfg: FlowMatchingConfig,  # sizes, steps and evaluation grid
     out["excess_own"] = {k: out["map_cost"][k] / out["map_ot_cost"][k] - 1 for k in out["paths"]}
     out["data_ot_cost"] = exact_ot_cost(x0_eval, x1_ref)  # the bound for any map from the source to the data sample
     out["gap"] = {k: abs(out["map_cost"][k] / out["data_ot_cost"] - 1) for k in out["paths"]}
-    xb0, xb1 = sample_8gaussians(cfg.toy_batch, ge), sample_moons(cfg.toy_batch, ge)
+    xb0, xb1 = sample_ring(cfg.toy_batch, ge), sample_moons(cfg.toy_batch, ge)
     perm = torch.randperm(cfg.toy_batch, generator=ge)
     out["coupling_cost"] = {"independent": transport_cost(xb0, xb1), "ot": transport_cost(*ot_coupling(xb0, xb1)),
                             "random_pairing": transport_cost(xb0, xb1[perm])}
-    out["source_sw2"] = sliced_w2(x0_eval, x1_ref, generator=torch.Generator().manual_seed(seed + 3))
+    out["source_sw2"] = sliced_w2(x0_eval, x1_ref, generator=rng(seed, "sliced w2"))
     out["adaptive"] = {k: sample_ode(m, x0_eval, rtol=1e-5, atol=1e-5)[1] for k, m in out["models"].items() if k != "control"}
     return out
