@@ -14,15 +14,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, np_rng, param, rng, stream_seed
 from .metrics import frechet_distance
+from .parts import linear, mlp, time_embedding
 from .train import History, ValidationMonitor, fit
 
 # %% auto #0
 __all__ = ['SECTIONS', 'PRESETS', 'HeatConfig', 'grid_adjacency', 'laplacian', 'check_laplacian', 'HeatProcess', 'matched_sigma2',
            'heat_process', 'rayleigh_quotient', 'spectral_power', 'spectral_power_error', 'analytic_corr', 'log_snr',
            'TSampler', 'GaussianDenoiser', 'SnappedTSampler', 'ResidualDenoiser', 'digits_splits', 'PCAFD',
-           'make_processes', 'euler_maruyama', 'mc_bridge_regression', 'empirical_corr', 'TimeEmbedding', 'MLPDenoiser',
+           'make_processes', 'euler_maruyama', 'mc_bridge_regression', 'empirical_corr', 'embed_t', 'MLPDenoiser',
            'GCNDenoiser', 'heat_loss', 'FixedPairs', 'Trained', 'train_denoiser', 'sample_ancestral', 'sample_ode',
            'sample', 'denoising_error', 'sbm_graph', 'sbm_signals', 'community_gap']
 
@@ -411,17 +412,18 @@ def digits_splits(n_test: int = 297, n_val: int = 150, seed: int = 0) -> dict:
     x = (images.reshape(len(images), -1) * 2 - 1).float()
     y = torch.as_tensor(labels).long()
     idx = np.arange(len(x))
-    rest, te = train_test_split(idx, test_size=n_test, stratify=y.numpy(), random_state=seed)
-    tr, va = train_test_split(rest, test_size=n_val, stratify=y.numpy()[rest], random_state=seed)
+    # sklearn takes seeds below 2**32: the named stream's seed, reduced
+    rest, te = train_test_split(idx, test_size=n_test, stratify=y.numpy(), random_state=stream_seed(seed, "split", "test") % 2**32)
+    tr, va = train_test_split(rest, test_size=n_val, stratify=y.numpy()[rest], random_state=stream_seed(seed, "split", "val") % 2**32)
     return {k: (x[i], y[i]) for k, i in (("train", tr), ("val", va), ("test", te))}
 
 
 class PCAFD:
     "FD_PCA: Fréchet distance between Gaussians fitted to PCA features; PCA fitted on `x_fit`, reference features of `x_ref`."
 
-    def __init__(self, x_fit: torch.Tensor, x_ref: torch.Tensor, n_components: int = 16):
+    def __init__(self, x_fit: torch.Tensor, x_ref: torch.Tensor, n_components: int = 16, seed: int = 0):
         from sklearn.decomposition import PCA
-        self.pca = PCA(n_components, random_state=0).fit(x_fit.double().numpy())
+        self.pca = PCA(n_components, random_state=stream_seed(seed, "fd-pca") % 2**32).fit(x_fit.double().numpy())
         self.ref = self.features(x_ref)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -483,57 +485,47 @@ def empirical_corr(proc: HeatProcess, x1: torch.Tensor,  # (b, n) clean signals
     return (ht * h1).sum(0) / (ht.norm(dim=0) * h1.norm(dim=0))
 
 # %% ../nbs/13_heat_diffusion.ipynb #3d1f4cd6
-class TimeEmbedding(nn.Module):
-    "Sinusoidal embedding of t ∈ [0, 1] with `n_freq` geometric frequencies → (b, 2·n_freq)."
-
-    def __init__(self, n_freq: int = 16):
-        super().__init__()
-        self.register_buffer("freqs", torch.exp(torch.linspace(0, math.log(1000.0), n_freq)) * math.pi)
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        arg = t.float()[:, None] * self.freqs
-        return torch.cat([arg.sin(), arg.cos()], 1)
+def embed_t(t: torch.Tensor, n_freq: int = 16) -> torch.Tensor:
+    "The core's sinusoidal embedding of t ∈ [0, 1] (float32) at `n_freq` geometric frequencies from π to 1000π → (b, 2·n_freq)."
+    return time_embedding(t.float(), 2 * n_freq, low=math.pi, high=1000 * math.pi)
 
 
 class MLPDenoiser(nn.Module):
-    "D1: D_θ(x_t, t) ≈ E[X_1 | X_t] (eq. 9), an MLP on [x_t, emb(t)]."
+    "D1: D_θ(x_t, t) ≈ E[X_1 | X_t] (eq. 9), the core's SiLU MLP on [x_t, emb(t)], initialised from `generator`."
 
-    def __init__(self, n: int, hidden: int = 256, n_layers: int = 3, n_freq: int = 16):
+    def __init__(self, n: int, hidden: int = 256, n_layers: int = 3, n_freq: int = 16,
+                 generator: torch.Generator | None = None):
         super().__init__()
-        self.emb = TimeEmbedding(n_freq)
-        layers, d = [], n + 2 * n_freq
-        for _ in range(n_layers):
-            layers += [nn.Linear(d, hidden), nn.SiLU()]
-            d = hidden
-        self.net = nn.Sequential(*layers, nn.Linear(d, n))
+        self.n_freq = n_freq
+        self.net = mlp([n + 2 * n_freq] + [hidden] * n_layers + [n], generator=generator)
 
     def forward(self, xt: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # (b, n), (b,) -> (b, n)
-        return self.net(torch.cat([xt, self.emb(t)], 1))
+        return self.net(torch.cat([xt, embed_t(t, self.n_freq)], 1))
 
 
 class GCNDenoiser(nn.Module):
     "D2: Laplacian-aware decoder, H ← SiLU(Â H W1 + H W2) with FiLM(t), Â = D^{-1/2}(A+I)D^{-1/2}, MLP head."
 
     def __init__(self, A: torch.Tensor, hidden: int = 64, n_layers: int = 4, n_freq: int = 16,
-                 node_dim: int = 8, head_dim: int = 8, head_hidden: int = 256):
+                 node_dim: int = 8, head_dim: int = 8, head_hidden: int = 256, generator: torch.Generator | None = None):
         super().__init__()
         n = len(A)
         Ai = torch.as_tensor(A, dtype=torch.float64) + torch.eye(n, dtype=torch.float64)
         dm = Ai.sum(1).rsqrt()
         self.register_buffer("A_hat", (dm[:, None] * Ai * dm[None, :]).float())
-        self.emb = TimeEmbedding(n_freq)
-        self.node = nn.Parameter(0.1 * torch.randn(n, node_dim))
-        self.inp = nn.Linear(1 + node_dim, hidden)
-        self.w1 = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(n_layers))
-        self.w2 = nn.ModuleList(nn.Linear(hidden, hidden, bias=False) for _ in range(n_layers))
-        self.film = nn.ModuleList(nn.Linear(2 * n_freq, 2 * hidden) for _ in range(n_layers))
-        self.proj = nn.Linear(hidden, head_dim)
-        self.head = nn.Sequential(nn.Linear(n * head_dim + 2 * n_freq, head_hidden), nn.SiLU(),
-                                  nn.Linear(head_hidden, n))
+        self.n_freq = n_freq
+        lin = lambda a, b, bias=True: linear(a, b, bias=bias, generator=generator)  # noqa: E731  torch's init law, from `generator`
+        self.node = nn.Parameter(0.1 * torch.randn(n, node_dim, generator=generator))
+        self.inp = lin(1 + node_dim, hidden)
+        self.w1 = nn.ModuleList(lin(hidden, hidden) for _ in range(n_layers))
+        self.w2 = nn.ModuleList(lin(hidden, hidden, bias=False) for _ in range(n_layers))
+        self.film = nn.ModuleList(lin(2 * n_freq, 2 * hidden) for _ in range(n_layers))
+        self.proj = lin(hidden, head_dim)
+        self.head = mlp([n * head_dim + 2 * n_freq, head_hidden, n], generator=generator)
 
     def forward(self, xt: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # (b, n), (b,) -> (b, n)
         b, n = xt.shape
-        e = self.emb(t)
+        e = embed_t(t, self.n_freq)
         h = self.inp(torch.cat([xt[..., None], self.node.expand(b, n, -1)], -1))  # (b, n, hidden)
         for w1, w2, film in zip(self.w1, self.w2, self.film):
             msg = torch.matmul(self.A_hat, w1(h))  # Â H W1
@@ -698,8 +690,7 @@ def sbm_graph(sizes: tuple[int, ...] = (32, 32), p_in: float = 0.25, p_out: floa
     blocks = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     P = np.where(blocks[:, None].numpy() == blocks[None, :].numpy(), p_in, p_out)
     for k in range(1000):
-        rng = np.random.default_rng(seed + k)
-        up = np.triu(rng.random(P.shape) < P, 1)
+        up = np.triu(np_rng(seed, "sbm", k).random(P.shape) < P, 1)
         A = torch.as_tensor((up | up.T).astype(np.float64))
         if torch.linalg.eigvalsh(laplacian(A))[1] > 1e-8:
             return A, blocks
