@@ -15,6 +15,7 @@ from .report import ReportError, cell_source, claims_text, collect_records, comp
 from .runs import (DEFAULT_CELL_TIMEOUT, RunError, find_notebook, list_notebooks, load_sweep, make_point,
                          notebook_number, notebook_parameters, notebook_presets, parse_value, read_notebook, reproduce,
                          run_points, sweep_points, connect_dask)
+from .record import verdict_text
 from .stats import MAX_SEEDS
 
 # %% auto #0
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             rec = run_points([point], args.out, force=True)[0]
             print(json.dumps({k: rec[k] for k in ("id", "status", "duration_s", "error")}))
             for c in rec["claims"]:
-                print(f"  [{c.get('kind', 'sanity' if c.get('sanity') else 'paper')}] {c['name']}: {c.get('verdict', c['ok'])}")
+                print(f"  [{c.get('kind', 'sanity' if c.get('sanity') else 'paper')}] {c['name']}: "
+                      f"{verdict_text(c) if c.get('verdict') else c['ok']}")
             print(f"  -> {Path(args.out) / rec['id']}")
             return 0 if rec["status"] == "ok" else 1
         if args.cmd == "sweep":

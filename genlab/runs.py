@@ -375,7 +375,9 @@ def execute_point(spec: dict) -> dict:
     import logging
     import papermill as pm
     rec = {k: spec[k] for k in ("id", "notebook", "source", "parameters", "preset", "seed", "commit", "sweep")}
+    from genlab.core import get_device
     rec.update(status="failed", error=None, claims=[], metrics={}, host=socket.gethostname(),
+               device=str(get_device()),  # what the kernel computes on: $GENLAB_DEVICE, else CUDA when present, else CPU
                threads=spec.get("threads"), started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     out_text = None
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent          # the environment's console scripts, whether or not PATH has them
-NBS = sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb"))
+NBS = sorted((ROOT / "nbs").glob("[0-9][0-9]*_*.ipynb"))
 COMPARISON_MARKER = "<!-- genlab: comparison notebook -->"  # in the first cell: imports methods, exports nothing
 
 
@@ -131,3 +131,121 @@ def test_config_fields_declare_their_domain_and_meaning(slug):
     assert not bare, f"{slug}: fields without param(...): {bare}"
     nohelp = [f.name for f in dataclasses.fields(cfg) if not f.metadata["genlab"].get("help")]
     assert not nohelp, f"{slug}: fields without a help line: {nohelp}"
+
+
+# ---- structure: imports between rooms, and the anatomy of every notebook
+
+def _nb_order(name: str) -> tuple[int, str]:
+    m = re.match(r"^(\d\d)([a-z]?)_", name)
+    return (int(m.group(1)), m.group(2))
+
+
+def _module_notebooks() -> dict[str, str]:
+    "genlab module -> the notebook it is exported from (read from the generated header)."
+    out = {}
+    for py in (ROOT / "genlab").glob("*.py"):
+        m = re.search(r"File to edit: \.\./nbs/(\S+\.ipynb)", py.read_text()[:1000])
+        if m:
+            out[py.stem] = m.group(1)
+    return out
+
+
+def _genlab_imports(py: Path) -> set[str]:
+    "Every genlab module `py` imports, at the top or inside a function."
+    found = set()
+    for node in ast.walk(ast.parse(py.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level == 1:
+                mod = "genlab." + mod if mod else "genlab"
+            if mod == "genlab":
+                found |= {a.name for a in node.names}
+            elif mod.startswith("genlab."):
+                found.add(mod.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("genlab.")}
+    return found - {py.stem, "_modidx"}
+
+
+def test_no_import_loop_and_no_core_module_imports_a_later_notebook():
+    nbs = _module_notebooks()
+    graph = {m: _genlab_imports(ROOT / "genlab" / f"{m}.py") & set(nbs) for m in nbs}
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        assert state.get(m) != 1, f"import loop: {' -> '.join(path + [m])}"
+        if state.get(m) == 2:
+            return
+        state[m] = 1
+        for d in sorted(graph[m]):
+            visit(d, path + [m])
+        state[m] = 2
+    for m in sorted(graph):
+        visit(m, [])
+    for m, deps in graph.items():
+        if _nb_order(nbs[m])[0] >= 10:
+            continue  # methods import only the core (test_method_modules_do_not_import_each_other)
+        later = [d for d in deps if _nb_order(nbs[d]) > _nb_order(nbs[m])]
+        assert not later, f"{nbs[m]} imports later-numbered {[nbs[d] for d in later]}"
+
+
+_CHECK = re.compile(r"\bassert\b|\btest_(eq|ne|close|fail|is|shuffled|stdout|warns)\b|\.sanity\(|\.health\(|"
+                    r"\brecord\(|\bcaption\(|\.summary\(")
+
+
+def _export_cells_without_check(nb: Path) -> list[str]:
+    cells = [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+    missing = []
+    for i, c in enumerate(cells):
+        src = "".join(c["source"])
+        if not src.startswith("#| export"):
+            continue
+        body = ast.parse(re.sub(r"^#\|.*$", "", src, flags=re.M)).body
+        if all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in body):
+            continue  # an imports cell
+        after = []
+        for d in cells[i + 1:]:
+            s = "".join(d["source"])
+            if s.startswith("#| export"):
+                break
+            after.append(s)
+        if not any(_CHECK.search(s) for s in after):
+            first = next((n for n in body if not isinstance(n, (ast.Import, ast.ImportFrom))), body[0])
+            missing.append(getattr(first, "name", None) or ast.unparse(first).splitlines()[0][:60])
+    return missing
+
+
+@pytest.mark.parametrize("nb", NBS, ids=lambda p: p.stem)
+def test_every_export_cell_is_followed_by_a_check(nb):
+    "Each exported step is shown to work before the next: an assert, a test, a sanity/health check or a recorded figure."
+    missing = _export_cells_without_check(nb)
+    assert not missing, f"{nb.name}: export cells with no check before the next export: {missing}"
+
+
+@pytest.mark.parametrize("nb", [p for p in NBS if int(p.name[:2]) >= 10], ids=lambda p: p.stem)
+def test_method_notebook_parts_come_in_order(nb):
+    "default_exp, title and claims; parameters; resolve; derivation and code; verdicts (Claims ... summary) last."
+    cells = json.loads(nb.read_text())["cells"]
+    text = ["".join(c["source"]) for c in cells]
+    first = lambda pat: next((i for i, t in enumerate(text) if re.search(pat, t, re.M)), None)
+    params = next((i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    order = {"title (H1)": first(r"^# \S"), "parameters cell": params, "resolve(PRESETS, preset": first(r"resolve\(PRESETS, preset"),
+             "Claims(": first(r"\bClaims\("), "claims summary": first(r"\.summary\(\)")}
+    assert None not in order.values(), f"{nb.name}: missing {[k for k, v in order.items() if v is None]}"
+    names = list(order)
+    for a, b in zip(names, names[1:]):
+        assert order[a] <= order[b], f"{nb.name}: {a} (cell {order[a]}) comes after {b} (cell {order[b]})"
+
+
+def test_committed_pages_count_no_deterministic_claim_as_evidence():
+    "A paper claim with zero variance over >= 3 seeds is a fact, not evidence: the page lists it without counting it."
+    from genlab.report import collect_records, method_sections
+    if not (ROOT / "reports").is_dir():
+        pytest.skip("no committed reports")
+    for m in method_sections(collect_records(ROOT / "reports")):
+        for c in m["claims"]:
+            if c["kind"] != "paper" or not c.get("estimate"):
+                continue
+            est = c["estimate"]
+            assert not (int(est["n"]) >= 3 and float(est["sd"]) == 0.0 and not c.get("exact")), \
+                f"{m['notebook']}: {c['name']!r} is identical on {est['n']} seeds yet counted as a paper claim"
