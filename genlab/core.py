@@ -16,8 +16,12 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['set_seed', 'get_device', 'ParameterError', 'stream_seed', 'rng', 'np_rng', 'config_types', 'check_overrides',
+__all__ = ['ParameterError', 'set_seed', 'get_device', 'stream_seed', 'rng', 'np_rng', 'config_types', 'check_overrides',
            'resolve', 'check_range', 'check_choice', 'param', 'check_declared', 'describe_config']
+
+# %% ../nbs/00_core.ipynb #95d1cf01
+class ParameterError(ValueError):
+    "A parameter, preset or input value outside what is allowed; the message names it."
 
 # %% ../nbs/00_core.ipynb #6e619fb7
 def set_seed(seed: int) -> torch.Generator:
@@ -39,10 +43,6 @@ def get_device(prefer: str | None = None) -> torch.device:
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
-
-# %% ../nbs/00_core.ipynb #95d1cf01
-class ParameterError(ValueError):
-    "A parameter, preset or input value outside what is allowed; the message names it."
 
 # %% ../nbs/00_core.ipynb #071b8e45
 def _check_stream_name(name: Any) -> str | int:
