@@ -306,3 +306,58 @@ def test_commit_is_dirty_only_when_the_code_a_run_executes_differs(tmp_path):
     assert not _git_commit(proj, run_files(nb)).endswith("-dirty")   # others' work in progress
     (proj / "genlab" / "core.py").write_text("# core, changed\n")
     assert _git_commit(proj, run_files(nb)).endswith("-dirty")       # the core it runs changed
+
+
+def _seeded_method_notebook(folder: Path) -> Path:
+    "A method notebook whose one paper claim needs more seeds than its pilot: a per-seed value from a fixed table."
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# adaptive: a claim that needs more seeds"], "id": "a0"},
+        {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [],
+         "source": ["preset = \"smoke\"\n", "seed = None"], "id": "a1"},
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "id": "a2", "source": [
+            "from genlab.record import Claims\n",
+            "s = 0 if seed is None else seed\n",
+            "value = [0.9, 0.1, 0.7, 0.6, 0.5, 0.8, 0.4, 0.7, 0.6, 0.5, 0.6, 0.7][s % 12]\n",
+            "claims = Claims(headline=\"C1\")\n",
+            "claims.paper(\"C1 the value is positive\", [value], threshold=0.0, direction=\">\", seeds=[s],\n",
+            "             control={\"name\": \"mechanism removed\", \"values\": [-0.5 - 0.01 * (s % 5)]})\n",
+            "claims.summary();"]}]
+    p = folder / "10_adaptive.ipynb"
+    p.write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                         "language": "python"}},
+                             "nbformat": 4, "nbformat_minor": 5}))
+    return p
+
+
+def test_reproduce_until_decided_runs_a_pilot_then_the_fresh_seeds_it_fixes(tmp_path, monkeypatch):
+    from genlab.report import collect_records, load_designs, method_sections
+    from genlab.runs import reproduce
+    from genlab.stats import TWO_STAGE_LEVEL, evaluate
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _seeded_method_notebook(nbs)
+    monkeypatch.setenv("GENLAB_NBS", str(nbs))
+    out = tmp_path / "out"
+    reproduce("smoke", seeds=[0, 1, 2], out=out, workers=2, until_decided=True, max_seeds=30)
+    # the pilot (0.9, 0.1, 0.7) at 97.5% is undecided; Eq. 2 fixes the final stage before it runs
+    pilot = evaluate({"values": [0.9, 0.1, 0.7], "threshold": 0.0, "direction": ">", "level": TWO_STAGE_LEVEL},
+                     require_control=False)
+    n = pilot["seeds_needed"]
+    design = load_designs(out)["adaptive"]
+    assert pilot["reason_code"] == "needs seeds" and design["pilot"] == [0, 1, 2]
+    assert design["final"] == list(range(3, 3 + n)) and design["level"] == TWO_STAGE_LEVEL
+    recs = collect_records(out)
+    assert sorted(r["seed"] for r in recs) == list(range(3 + n))
+    (m,) = method_sections(recs, load_designs(out))
+    c = m["claims"][0]
+    assert c["estimate"]["n"] == n and c["level"] == TWO_STAGE_LEVEL      # decided on the final stage alone
+    assert c["verdict"] == "supported" and m["headline"]["name"] == c["name"]
+    assert "two-stage design" in (out / "report.md").read_text()
+
+
+def test_genlab_claims_prints_the_headline_and_reasons(tmp_path):
+    res = cli("claims", "flow_matching", str(ROOT / "reports"))
+    assert res.returncode == 0, res.stderr
+    assert "headline:" in res.stdout and "paper claims:" in res.stdout
+    bad = cli("claims", "flow_matching", str(tmp_path / "nowhere"))
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
