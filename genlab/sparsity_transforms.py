@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, np_rng, param, rng
 
 # %% auto #0
 __all__ = ['TRANSFORMS', 'STRUCTURE_SEEKING', 'MLP_SITES', 'SMOLLM2_LAYERS', 'PRESETS', 'check_transforms', 'check_sparsity',
@@ -59,7 +59,7 @@ def check_sparsity(s) -> float:
 
 @dataclass(frozen=True)
 class SparsityTransformsConfig:
-    seed: int = param(0, lo=0, help="run seed; the inner seeds of a run are seed*100 + 0..n_seeds-1")
+    seed: int = param(0, lo=0, help="run seed; replicate i of a run takes the seed stream_seed(seed, \"replicate\", i)")
     n_seeds: int = param(3, lo=1, help="seeds per run (calibration subset, random transforms, model B training)")
     sparsity: float = param(0.5, lo=0.0, hi=1.0, hi_open=True, help="Wanda sparsity of the structure analysis")
     smol_layers: tuple[int, ...] = param((0, 5, 10, 15), lo=0, hi=SMOLLM2_LAYERS - 1, each=True,
@@ -291,7 +291,7 @@ def apply_transform(name: str, W: np.ndarray, *, rng: np.random.Generator, gram:
         _, V = np.linalg.eigh(gram)
         return [W @ V[:, ::-1]]
     if name == "opt_rotation":   # on the smaller side: right (n x n) for tall or square W, left (m x m) for wide W
-        r2 = np.random.default_rng(rng.integers(2**31))
+        r2 = rng.spawn(1)[0]   # a child stream of the transform's generator
         return [W @ cayley_rotation(W, opt_steps, r2)] if n <= m else [(W.T @ cayley_rotation(W.T, opt_steps, r2)).T]
     if name in ("svd_us_vt", "svd_u_svt"):
         U, s, Vt = np.linalg.svd(W, full_matrices=False)
@@ -403,7 +403,7 @@ def analyse_matrix(W: torch.Tensor, xnorm: torch.Tensor, *, sparsity: float, tra
     Wd = W.detach().double().numpy()
     Ws = Wd * keep.numpy()
     m, n = Wd.shape
-    rng = np.random.default_rng(seed)
+    t_rng = np_rng(seed, "transforms")
     tcache: dict = {} if rot_cache is None else rot_cache   # random rotations: one draw per size, shared by W_s and W
     base = structure(Ws)
     dead_cols, dead_rows = int((~keep).all(0).sum()), int((~keep).all(1).sum())
@@ -411,14 +411,14 @@ def analyse_matrix(W: torch.Tensor, xnorm: torch.Tensor, *, sparsity: float, tra
            "dead_col_idx": np.where((~keep).all(0).numpy())[0].tolist(), "T": {}}
     for t in transforms:
         t1 = time.perf_counter()
-        fp = apply_transform(t, Ws, rng=rng, gram=gram, opt_steps=opt_steps, swaps=swaps, cache=tcache)
+        fp = apply_transform(t, Ws, rng=t_rng, gram=gram, opt_steps=opt_steps, swaps=swaps, cache=tcache)
         sp = structure(fp)
         det = t not in ("rot_right", "rot_left", "rot_two_sided", "hadamard", "opt_rotation", "perm_greedy24", "pca")
         key = (id(W), t)
         if det and dense_cache is not None and key in dense_cache:
             sd = dense_cache[key]
         else:
-            sd = structure(apply_transform(t, Wd, rng=rng, gram=gram, opt_steps=opt_steps, swaps=swaps, cache=tcache))
+            sd = structure(apply_transform(t, Wd, rng=t_rng, gram=gram, opt_steps=opt_steps, swaps=swaps, cache=tcache))
             if det and dense_cache is not None:
                 dense_cache[key] = sd
         row = {"pruned": sp, "dense": sd, "delta": sp["S"] - base["S"], "gamma": sp["S"] - sd["S"],
@@ -431,7 +431,7 @@ def analyse_matrix(W: torch.Tensor, xnorm: torch.Tensor, *, sparsity: float, tra
     out["H"] = max((min(r["delta"], r["gamma"]) for r in out["T"].values()), default=0.0)
     out["rank_W"], out["rank_Ws"] = numerical_rank(Wd), numerical_rank(Ws)
     out["rank_pred"] = min(m - dead_rows, n - dead_cols)
-    g = torch.Generator().manual_seed(seed + 7)
+    g = rng(seed, "surrogate")
     sur = surrogate_matrix(W, g)
     sur_keep = wanda_mask(sur, xnorm, s)
     out["kappa"] = jaccard_stats((~keep).numpy(), s)
@@ -445,7 +445,7 @@ def analyse_matrix(W: torch.Tensor, xnorm: torch.Tensor, *, sparsity: float, tra
     sb = structure(sur_s)
     out["sur_gain"] = {}
     for t in [t for t in transforms if t in STRUCTURE_SEEKING]:
-        st_ = structure(apply_transform(t, sur_s, rng=rng, swaps=swaps, cache=tcache))
+        st_ = structure(apply_transform(t, sur_s, rng=t_rng, swaps=swaps, cache=tcache))
         out["sur_gain"][t] = {"blk": {b: st_[f"z_blk{b}"] - sb[f"z_blk{b}"] for b in (4, 8, 16)}, "n24": st_["z_24"] - sb["z_24"]}
     out["spec_W"], out["spec_Ws"] = spectrum_stats(Wd), spectrum_stats(Ws)
     return out
