@@ -11,15 +11,16 @@ import time
 import numpy as np
 import torch
 
-from .core import ParameterError, check_choice, check_range, param, set_seed
+from .core import ParameterError, check_choice, check_range, param, rng, set_seed, stream_seed
+from .data import sample_ring
 from .metrics import mmd_rbf
 
 # %% auto #0
-__all__ = ['PRESETS', 'MMD_BANDWIDTHS', 'G1_MEAN', 'G1_CHOL', 'BANANA_SIGMA', 'BANANA_YOBS', 'SteinConfig', 'ou_coefficients',
-           'ou_pairs', 'conditional_score', 'conditional_dlogrho', 'kernel_bandwidth', 'time_grid', 'rbf_kernel',
-           'cholesky_solve_psd', 'krr_fit', 'krr_predict', 'stein_gram', 'stein_fit', 'stein_predict', 'ksd_u',
-           'h0_for_n', 'reps_for', 'check_transport_args', 'velocity_at', 'stein_transport', 'gaussian_exact_velocity',
-           'velocity_rel_error', 'mmd2', 'sample_g1', 'ring_centres', 'sample_ring', 'mean_cov_errors',
+__all__ = ['PRESETS', 'MMD_BANDWIDTHS', 'G1_MEAN', 'G1_CHOL', 'RING', 'BANANA_SIGMA', 'BANANA_YOBS', 'SteinConfig',
+           'ou_coefficients', 'ou_pairs', 'conditional_score', 'conditional_dlogrho', 'kernel_bandwidth', 'time_grid',
+           'rbf_kernel', 'cholesky_solve_psd', 'krr_fit', 'krr_predict', 'stein_gram', 'stein_fit', 'stein_predict',
+           'ksd_u', 'h0_for_n', 'reps_for', 'check_transport_args', 'velocity_at', 'stein_transport',
+           'gaussian_exact_velocity', 'velocity_rel_error', 'mmd2', 'sample_g1', 'ring_centres', 'mean_cov_errors',
            'memorisation_ratio', 'within_mode_rms', 'frac_far', 'kde_bootstrap', 'bootstrap_memoriser',
            'moment_matched_gaussian', 'banana_logpost', 'banana_score', 'banana_grid', 'banana_exact_samples',
            'banana_rwm', 'in_hpd_fraction', 'svgd']
@@ -298,6 +299,7 @@ def velocity_rel_error(Y: torch.Tensor, t: float, m: float, s: float, *, T: floa
 MMD_BANDWIDTHS = (0.2, 0.5, 1.0, 2.0)
 G1_MEAN = (1.0, -2.0)
 G1_CHOL = ((1.0, 0.0), (0.8, 0.6))
+RING = {"radius": 2.0, "std": 0.2, "dtype": torch.float64}  # G2: the core's 8-Gaussian ring, `sample_ring(n, g, **RING)`
 
 
 def mmd2(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -311,16 +313,10 @@ def sample_g1(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
     return torch.tensor(G1_MEAN, dtype=torch.float64) + torch.randn(n, 2, generator=generator, dtype=torch.float64) @ L.T
 
 
-def ring_centres(k: int = 8, radius: float = 2.0) -> torch.Tensor:
+def ring_centres(k: int = 8, radius: float = RING["radius"]) -> torch.Tensor:
     "Centres of the G2 ring: (k, 2)."
     ang = torch.arange(k, dtype=torch.float64) * (2 * math.pi / k)
     return radius * torch.stack([ang.cos(), ang.sin()], 1)
-
-
-def sample_ring(n: int, generator: torch.Generator | None = None, std: float = 0.2) -> torch.Tensor:
-    "G2: n draws from the 8-Gaussian ring (radius 2, std 0.2, equal weights): (n, 2) float64."
-    from genlab.data import sample_gmm
-    return sample_gmm(n, ring_centres(), std, generator=generator).double()
 
 
 def mean_cov_errors(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> tuple[float, float]:
