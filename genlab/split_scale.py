@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, np_rng, param, rng, stream_seed
 from .train import ValidationMonitor, fit
 
 # %% auto #0
@@ -498,14 +498,14 @@ def load_real_mesh(rel: str,  # path inside pybullet_data (or an absolute path t
     V, Fc = np.asarray(m.vertices, dtype=np.float64), np.asarray(m.faces, dtype=np.int64)
     winding = lambda q: igl.winding_number(V, Fc, np.ascontiguousarray(q, dtype=np.float64))
     if check_closed:
-        q = np.random.default_rng(seed).uniform(-1, 1, (4000, 3))
+        q = np_rng(seed, "mesh", "closed-check").uniform(-1, 1, (4000, 3))
         w = winding(q)
         near_int = float(np.mean(np.abs(w - np.round(w)) < 0.25))
         vol = float(np.mean(w > 0.5))
         if vol < 1e-3 or near_int < 0.95:
             raise ParameterError(f"mesh {rel!r} is not a closed surface: winding number inside fraction {vol:.4f}, "
                                  f"near-integer fraction {near_int:.3f} (need > 0.001 and >= 0.95)")
-    pts, face = trimesh.sample.sample_surface(m, n_points, seed=seed)
+    pts, face = trimesh.sample.sample_surface(m, n_points, seed=np_rng(seed, "mesh", "surface"))
     nrm = np.asarray(m.face_normals[face], dtype=np.float64)
     name = os.path.splitext(os.path.basename(rel))[0]
     return Target(name, "mesh", torch.as_tensor(np.concatenate([np.asarray(pts, dtype=np.float64), nrm], 1)),
@@ -740,7 +740,7 @@ def _resample(Pc: torch.Tensor, n: int, seed: int) -> torch.Tensor:  # (k, 6) ->
     "Sort lexicographically by position, then draw n points (without replacement if possible) with a fixed seed."
     order = torch.from_numpy(np.lexsort((Pc[:, 2].numpy(), Pc[:, 1].numpy(), Pc[:, 0].numpy())))
     Pc = Pc[order]
-    g = torch.Generator().manual_seed(seed)
+    g = rng(seed, "resample")
     if len(Pc) >= n:
         idx = torch.randperm(len(Pc), generator=g)[:n]
     else:
@@ -921,17 +921,17 @@ def train_tokenizer(cfg: SplitScaleConfig, shapes, Ps, val_batch, *, seed: int, 
                     p_crop: float | None = None, steps: int | None = None, extend_to: int | None = None,
                     progress: bool = False):
     "Train a tokenizer (base, no-crop or large) with `fit`; held-out BCE every val_every steps. Returns (model, hist, monitor)."
-    torch.manual_seed(seed)
+    torch.manual_seed(stream_seed(seed, "tokenizer", "init"))  # the attention layers initialise from the global generator
     model = SetTokenizer(cfg.d, cfg.heads, M or cfg.M, cfg.C, cfg.L_enc, cfg.L_dec, cfg.K_f)
-    rng = np.random.default_rng(seed + 17)
-    g = torch.Generator().manual_seed(seed + 18)
+    regions = np_rng(seed, "tokenizer", "regions")
+    g = rng(seed, "tokenizer", "latent-noise")
     kw = dict(p_crop=cfg.p_crop if p_crop is None else p_crop, margin=cfg.margin, N_in=cfg.N_in, Q_u=cfg.Q_u,
               Q_s=cfg.Q_s, sigma_s=cfg.sigma_s, n_min=cfg.n_min, crop_offset=cfg.crop_offset)
     vin, vq, vocc = val_batch
     mon = ValidationMonitor(lambda: float(tokenizer_loss(model, vin, vq, vocc, 0.0, sample=False)["bce"]))
 
     def loss_fn(step):
-        return tokenizer_loss(model, *region_batch(shapes, Ps, rng, cfg.batch, **kw), cfg.beta_kl, generator=g)
+        return tokenizer_loss(model, *region_batch(shapes, Ps, regions, cfg.batch, **kw), cfg.beta_kl, generator=g)
     steps = steps or cfg.tok_steps
     hist = fit(loss_fn, model, steps=steps, lr=cfg.lr, schedule="cosine", every=[(cfg.val_every, mon)],
                progress=progress, desc=f"tokenizer M={model.M}")
@@ -1026,12 +1026,13 @@ class SplitAR(nn.Module):
         return flags, z
 
 
-def train_ar(cfg: SplitScaleConfig, data: dict, *, seed: int, val: dict | None = None, progress: bool = False):
-    "Train a SplitAR on encoded shapes {'flags', 'z' (normalised), 'y'} with context dropout p_iso."
-    torch.manual_seed(seed)
+def train_ar(cfg: SplitScaleConfig, data: dict, *, seed: int, part: str = "ar", val: dict | None = None,
+             progress: bool = False):
+    "Train a SplitAR on encoded shapes {'flags', 'z' (normalised), 'y'} with context dropout p_iso; `part` names its streams."
+    torch.manual_seed(stream_seed(seed, part, "init"))  # nn.TransformerEncoder initialises from the global generator
     K, Mq = data["flags"].shape[1], data["z"].shape[2]
     ar = SplitAR(K, Mq, data["z"].shape[3], cfg.ar_d, cfg.ar_layers, cfg.ar_heads, cfg.K_mix)
-    g = torch.Generator().manual_seed(seed + 1)
+    g = rng(seed, part, "batches")
     n = len(data["y"])
 
     def loss_fn(step):
@@ -1054,7 +1055,7 @@ TEST_FAMILIES = ("scene", "truss", "drilled")
 
 def build_data(cfg: SplitScaleConfig, progress: bool = False) -> dict:
     "Shapes, dense surface points, validation regions, evaluation targets and real meshes (all from data_seed)."
-    rng = np.random.default_rng(cfg.data_seed)
+    rng = np_rng(cfg.data_seed, "shapes")
     t0 = time.perf_counter()
     out = {"train": [], "train_P": [], "val": [], "val_P": []}
     for split, n, fams in (("train", cfg.n_train, TRAIN_FAMILIES), ("val", cfg.n_val, TRAIN_FAMILIES)):
@@ -1062,7 +1063,7 @@ def build_data(cfg: SplitScaleConfig, progress: bool = False) -> dict:
             sh = make_shape(fams[i % len(fams)], rng)
             out[split].append(sh)
             out[f"{split}_P"].append(oriented_surface(sh, cfg.n_dense_train, rng))
-    vr = np.random.default_rng(cfg.data_seed + 1)
+    vr = np_rng(cfg.data_seed, "validation-regions")
     kw = dict(p_crop=cfg.p_crop if cfg.p_crop > 0 else 0.6, margin=cfg.margin, N_in=cfg.N_in, Q_u=cfg.Q_u, Q_s=cfg.Q_s,
               sigma_s=cfg.sigma_s, n_min=cfg.n_min, crop_offset=cfg.crop_offset)
     out["val_batch"] = region_batch(out["val"], out["val_P"], vr, max(16, 4 * cfg.n_val), **kw)
@@ -1245,14 +1246,14 @@ def gen_seed(cfg: SplitScaleConfig, data: dict, base: SetTokenizer, seed: int, p
     t0 = time.perf_counter()
     G = data["gen"]
     enc = {s: {sp: encode_gen_set(base, G[sp], s, cfg) for sp in ("train", "test")} for s in (1, 2)}
-    ref = {y: [P[torch.randperm(len(P), generator=torch.Generator().manual_seed(i))[:1024], :3].numpy()
+    ref = {y: [P[torch.randperm(len(P), generator=rng(cfg.data_seed, "gen-reference", i))[:1024], :3].numpy()
                for i, (P, yy) in enumerate(zip(G["test"]["P"], G["test"]["y"])) if int(yy) == y] for y in (0, 1)}
     out["ar"], out["hist"], out["nll_dim"], out["samples"] = {}, {}, {}, {}
-    gs = torch.Generator().manual_seed(seed + 99)
+    gs = rng(seed, "ar", "sampling")
     for s in (2, 1):
         stats = latent_stats(enc[s]["train"])
         tr, te = normalise(enc[s]["train"], stats), normalise(enc[s]["test"], stats)
-        ar, hist, _ = train_ar(cfg, tr, seed=seed + 10 * s, progress=progress)
+        ar, hist, _ = train_ar(cfg, tr, seed=seed, part=f"ar-s{s}", progress=progress)
         out["ar"][s], out["hist"][s] = ar, hist
         with torch.no_grad():
             nd_full = ar.nll(te["flags"], te["z"], te["y"], torch.zeros(len(te["y"]), dtype=torch.bool))[1]
@@ -1267,7 +1268,7 @@ def gen_seed(cfg: SplitScaleConfig, data: dict, base: SetTokenizer, seed: int, p
             for y in (0, 1):
                 fl, z = fn(y, cfg.n_gen_samples)
                 z = normalise({"flags": fl, "z": z}, stats, inverse=True)["z"]
-                out["samples"][name][y] = [decode_to_cloud(base, fl[i], z[i], s, cfg, cfg.gen_grid, seed=i) for i in range(len(fl))]
+                out["samples"][name][y] = [decode_to_cloud(base, fl[i], z[i], s, cfg, cfg.gen_grid, seed=stream_seed(seed, "decode", name, y, i)) for i in range(len(fl))]
     out["t"]["gen_train_sample"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     out["metrics"] = {}
@@ -1306,7 +1307,7 @@ def peak_torch_memory(fn) -> tuple[float, int, int]:
 
 def bench_modes(models: dict, t: Target, cfg, n_query: int = 20000, repeats: int = 3) -> list:
     "Encode+decode wall-clock (best of `repeats`) and peak memory of s = 1, 2, 3 (s1-dense inputs) and the large model."
-    x = torch.as_tensor(np.random.default_rng(0).uniform(-1, 1, (n_query, 3)))
+    x = torch.as_tensor(np_rng(0, "benchmark", "queries").uniform(-1, 1, (n_query, 3)))
     rows = []
     K2 = n_surface_cells(t, 2, cfg)
     plans = [("s1", models["base"], 1, cfg.N_in)] + \
