@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from .report import ReportError, cell_source, claims_text, collect_records, compare, report
+from .report import ReportError, cell_source, claims_text, collect_records, compare, compare_page, report
 from .runs import (DEFAULT_CELL_TIMEOUT, RunError, find_notebook, list_notebooks, load_sweep, make_point,
                          notebook_number, notebook_parameters, notebook_presets, parse_value, read_notebook, reproduce,
                          run_points, sweep_points, connect_dask)
@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write report.md/report.html for a results folder", formatter_class=fmt)
     rep.add_argument("folder", help="a runs or reports folder")
     rep.add_argument("--against", help="an earlier results folder: also print the verdicts that changed")
+    rep.add_argument("--recursive", action="store_true", help="also the results folders nested below FOLDER")
+    cp = sub.add_parser("compare", help="two result folders side by side: claims, metrics, overlaid series (a page)",
+                        formatter_class=fmt)
+    cp.add_argument("a", help="result folder A (the earlier)")
+    cp.add_argument("b", help="result folder B")
+    cp.add_argument("--only", help="one method's slug")
+    cp.add_argument("--out", help="where compare.md/compare.html go (default: B)")
     rp = sub.add_parser("reproduce", help="every method at a preset (per section and seed), then the report",
                         formatter_class=fmt)
     rp.add_argument("--preset", default="smoke", help="smoke or full (full writes reports/ by default)")
@@ -117,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "workers", 1) < 1:
             raise RunError(f"--workers must be >= 1, got {args.workers}")
+        if getattr(args, "timeout", None) is not None and args.timeout < 1:
+            raise RunError(f"--timeout must be a positive number of seconds per cell, got {args.timeout}")
         if args.cmd == "list":
             for slug, path in list_notebooks().items():
                 kind = "method" if notebook_number(path) >= 10 else "core"
@@ -151,8 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "claims":
             print(claims_text(args.slug, args.folder), end="")
             return 0
+        if args.cmd == "compare":
+            print(compare_page(args.a, args.b, args.out or args.b, only=args.only))
+            print(compare(args.a, args.b, only=args.only))
+            return 0
         if args.cmd == "report":
-            print(report(args.folder))
+            print(report(args.folder, recursive=args.recursive))
             if args.against:
                 print(compare(args.against, args.folder))
             return 0

@@ -18,25 +18,50 @@ from .stats import REASONS, TWO_STAGE_LEVEL, evaluate, pool
 # %% auto #0
 __all__ = ['SMOKE_NOTE', 'ReportError', 'collect_records', 'claim_kind', 'pooled_claims', 'cell_source', 'notebook_figures',
            'tally_text', 'headline_sections', 'declared_headline', 'load_designs', 'method_sections', 'is_evidence',
-           'report_markdown', 'report_html', 'report', 'claims_text', 'compare']
+           'report_markdown', 'report_html', 'report', 'claims_text', 'compare', 'compare_page']
 
 # %% ../nbs/07_report.ipynb #b84e6831
 class ReportError(ValueError):
     "Bad input to the report (a folder without records); the message names it."
 
 
+def _record_files(folder: Path, recursive: bool) -> list[Path]:
+    "Candidate records: OUT/<id>/record.json and OUT/<slug>/<id>/record.json (the by-method layout); all below with `recursive`."
+    if recursive:
+        return sorted(folder.rglob("record.json"))
+    return sorted([*folder.glob("*/record.json"), *folder.glob("*/*/record.json")])
+
+
+def _own(folder: Path, p: Path, r: dict) -> bool:
+    "Whether a record at `p` is the folder's own: directly below it, or in its by-method subfolder named after the method."
+    rel = p.relative_to(folder).parts
+    return len(rel) == 2 or (len(rel) == 3 and rel[0] == r.get("notebook"))
+
+
 def collect_records(folder: str | Path,  # a runs or reports folder
+                    recursive: bool = False,  # also the results folders nested below it
                     ) -> list[dict]:
-    "Every `record.json` under `folder`, one per run id, each with `_dir` (its folder) added."
+    "The folder's run records, one per point id (the newest execution; `_older` counts those set aside), each with `_dir`."
     folder = Path(folder)
-    recs = {}
-    for p in sorted(folder.rglob("record.json")):
+    if not folder.is_dir():
+        raise ReportError(f"results folder {folder} does not exist")
+    recs: dict[str, dict] = {}
+    for p in _record_files(folder, recursive):
         try:
             r = json.loads(p.read_text(encoding="utf-8"))
             r["_dir"] = str(p.parent)
-            recs[r["id"]] = r
+            key = r["id"]
+            if not recursive and not _own(folder, p, r):
+                continue  # another results folder nested inside this one (a sweep, a reproduce): --recursive reads it
         except (json.JSONDecodeError, KeyError):
             continue
+        old = recs.get(key)
+        if old is not None:  # the same point executed twice: keep the newest, say how many were set aside
+            newer = (r.get("started") or "", p.stat().st_mtime) >= (old.get("started") or "", old.get("_mtime", 0))
+            r, old = (r, old) if newer else (old, r)
+            r["_older"] = old.get("_older", 0) + 1 + r.get("_older", 0)
+        r.setdefault("_mtime", p.stat().st_mtime)
+        recs[key] = r
     return sorted(recs.values(), key=lambda r: (r["notebook"], r.get("seed") if r.get("seed") is not None else -1, r["id"]))
 
 
@@ -371,7 +396,8 @@ def _section_md(m: dict, figures: dict) -> list[str]:
     params = ", ".join(f"{k}={v}" for k, v in m["parameters"].items())
     md = ["", f'<a id="{m["anchor"]}"></a>', "", f"## {esc(m['notebook'])} · {m['preset']}" + (f" · {esc(params)}" if params else ""), ""]
     for r in m["runs"]:
-        md.append(f"- run `{r['id']}` (seed {r.get('seed')}" +
+        older = f"; the newest of {r['_older'] + 1} executions of this point, the older not shown" if r.get("_older") else ""
+        md.append(f"- run `{r['id']}` ({'seed ' + str(r['seed']) if r.get('seed') is not None else 'the preset seed'}{older}" +
                   (f", section {r['parameters']['section']}" if "section" in (r.get("parameters") or {}) else "") +
                   f"): **{r.get('status')}** in {fmt(r.get('duration_s'))} s, commit `{r.get('commit')}`" +
                   (f", notebook [{r['output']}]({r['_link']})" if r.get("_link") else "") +
@@ -469,11 +495,12 @@ def report_html(sections: list[dict], title: str, figures: dict) -> str:
 # %% ../nbs/07_report.ipynb #55bd9551
 def report(folder: str | Path,  # a folder of runs (records.jsonl / record.json files below it)
            *, title: str = "genlab results",  # the page title
+           recursive: bool = False,  # also the result folders nested below it
            ) -> Path:
     "Write `report.md`, `report.html` and `report_files/` (the figures) for the runs under `folder`; return report.md."
     import os
     folder = Path(folder)
-    recs = collect_records(folder)
+    recs = collect_records(folder, recursive)
     if not recs:
         raise ReportError(f"no run records under {folder}")
     sections = method_sections(recs, load_designs(folder))
@@ -522,23 +549,106 @@ def claims_text(slug: str,  # a method's slug (its records' notebook name)
     return "\n".join(lines).rstrip() + "\n"
 
 # %% ../nbs/07_report.ipynb #85cd92c5
+def _paper_claims(folder, only: str | None) -> dict:
+    recs = [r for r in collect_records(folder) if only is None or r["notebook"] == only]
+    return {(m["notebook"], m["preset"], c["name"]): c for m in method_sections(recs, load_designs(folder))
+            for c in m["claims"] if c["kind"] == "paper"}
+
+
 def compare(before: str | Path,  # the earlier result folder
             after: str | Path,  # the later result folder
+            only: str | None = None,  # one method's slug
             ) -> str:
-    "A markdown table of the paper-claim verdicts that differ between two result folders (pooled the same way)."
-    def verdicts(folder):
-        out = {}
-        for m in method_sections(collect_records(folder)):
-            for c in m["claims"]:
-                if c["kind"] == "paper":
-                    out[(m["notebook"], m["preset"], c["name"])] = (c["verdict"], _estimate_text(c))
-        return out
-    a, b = verdicts(before), verdicts(after)
+    "A markdown table of the paper-claim verdicts that changed between two result folders, and what only one side has."
+    a, b = _paper_claims(before, only), _paper_claims(after, only)
     rows = ["| method | preset | claim | before | after |", "|---|---|---|---|---|"]
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key, ("absent", "")), b.get(key, ("absent", ""))
-        if va[0] != vb[0]:
-            rows.append(f"| {esc(key[0])} | {esc(key[1])} | {esc(key[2])} | {va[0]} {esc(va[1])} | {vb[0]} {esc(vb[1])} |")
+    for key in sorted(set(a) & set(b)):
+        if a[key]["verdict"] != b[key]["verdict"]:
+            rows.append(f"| {esc(key[0])} | {esc(key[1])} | {esc(key[2])} | {esc(verdict_text(a[key]))} {esc(_estimate_text(a[key]))} | "
+                        f"{esc(verdict_text(b[key]))} {esc(_estimate_text(b[key]))} |")
     if len(rows) == 2:
         rows.append("| (no verdict changed) | | | | |")
-    return "\n".join(rows)
+    only_a, only_b = len(set(a) - set(b)), len(set(b) - set(a))
+    return "\n".join(rows) + (f"\n\n{only_a} claim(s) only before, {only_b} only after (not compared)." if only_a or only_b else "")
+
+# %% ../nbs/07_report.ipynb #a62465cb
+def _mean_metrics(recs: list[dict]) -> dict:
+    "Scalar metrics averaged over a method's runs, and series (lists of numbers) from its first run that has them."
+    scal, series = defaultdict(list), {}
+    for r in recs:
+        for k, v in (r.get("metrics") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                scal[k].append(float(v))
+            elif isinstance(v, list) and len(v) > 1 and all(isinstance(x, (int, float)) for x in v):
+                series.setdefault(k, v)
+    return {"scalar": {k: sum(v) / len(v) for k, v in scal.items()}, "series": series}
+
+
+def _metrics_by_method(folder, only):
+    by = defaultdict(list)
+    for r in collect_records(folder):
+        if only is None or r["notebook"] == only:
+            by[r["notebook"]].append(r)
+    return {k: _mean_metrics(v) for k, v in by.items()}
+
+
+def _overlay(name: str, a: list, b: list, path: Path):
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot(a, label="A"); ax.plot(b, label="B"); ax.set_title(name); ax.legend(frameon=False)
+    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+
+# %% ../nbs/07_report.ipynb #88ee352c
+def compare_page(a: str | Path,  # result folder A (the earlier one)
+                 b: str | Path,  # result folder B
+                 out: str | Path,  # where compare.md, compare.html and compare_files/ go
+                 only: str | None = None,  # one method's slug
+                 ) -> Path:
+    "Write the comparison page of two result folders: claims side by side (changed first), metrics, overlaid series."
+    ca, cb = _paper_claims(a, only), _paper_claims(b, only)
+    if not ca and not cb:
+        raise ReportError(f"no paper claims to compare under {a} and {b}" + (f" for {only!r}" if only else ""))
+    out = Path(out); (out / "compare_files").mkdir(parents=True, exist_ok=True)
+    both = sorted(set(ca) & set(cb), key=lambda k: (ca[k]["verdict"] == cb[k]["verdict"], k))
+    md = [f"# {a} (A) against {b} (B)" + (f" · {only}" if only else ""), "",
+          f"{len(both)} paper claims in both; {len(set(ca) - set(cb))} only in A, {len(set(cb) - set(ca))} only in B.", "",
+          "| method | claim | A | B | B − A | verdict |", "|---|---|---|---|---|---|"]
+    for k in both:
+        x, y = ca[k], cb[k]
+        d = float(y["estimate"]["mean"]) - float(x["estimate"]["mean"]) if x.get("estimate") and y.get("estimate") else None
+        v = verdict_text(y) if x["verdict"] == y["verdict"] else f"**{verdict_text(x)} → {verdict_text(y)}**"
+        md.append(f"| {esc(k[0])} | {esc(k[2])} | {esc(_estimate_text(x))} | {esc(_estimate_text(y))} | "
+                  f"{fmt(d) if d is not None else ''} | {esc(v)} |")
+    ma, mb = _metrics_by_method(a, only), _metrics_by_method(b, only)
+    md += ["", "## Metrics", "", "| method | metric | A | B | B − A |", "|---|---|---|---|---|"]
+    figs = []
+    for nb_ in sorted(set(ma) & set(mb)):
+        for name in sorted(set(ma[nb_]["scalar"]) & set(mb[nb_]["scalar"])):
+            x, y = ma[nb_]["scalar"][name], mb[nb_]["scalar"][name]
+            md.append(f"| {esc(nb_)} | {esc(name)} | {fmt(x)} | {fmt(y)} | {fmt(y - x)} |")
+        for name in sorted(set(ma[nb_]["series"]) & set(mb[nb_]["series"])):
+            f = out / "compare_files" / f"{_slug_anchor(nb_ + '-' + name)}.png"
+            _overlay(f"{nb_}: {name}", ma[nb_]["series"][name], mb[nb_]["series"][name], f)
+            figs.append(f)
+    if figs:
+        md += ["", "## Series recorded by both (A and B overlaid)", ""] + [f"![{p.stem}](compare_files/{p.name})" for p in figs]
+    text = "\n".join(md) + "\n"
+    (out / "compare.md").write_text(text, encoding="utf-8")
+    import html as _html
+    body = "".join(f"<p>{_html.escape(l)}</p>" if not l.startswith("![") else
+                   f'<img src="{_html.escape(l[l.index("(") + 1:-1])}">' for l in md if l and not l.startswith("|"))
+    (out / "compare.html").write_text(f"<!doctype html><meta charset='utf-8'><title>compare</title>{body}"
+                                      + _md_tables_html(md), encoding="utf-8")
+    return out / "compare.md"
+
+
+def _md_tables_html(lines: list[str]) -> str:
+    "The markdown tables among `lines` as HTML tables (escaped)."
+    import html as _html
+    out, rows = [], [l for l in lines if l.startswith("|") and not l.startswith("|---")]
+    cells = lambda l: [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", l.strip())[1:-1]]
+    for l in rows:
+        out.append("<tr>" + "".join(f"<td>{_html.escape(c)}</td>" for c in cells(l)) + "</tr>")
+    return "<table border=1>" + "".join(out) + "</table>"

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,10 @@ def find_notebook(name: str | Path) -> Path:
     nbs = list_notebooks()
     if str(name) in nbs:
         return nbs[str(name)]
-    raise RunError(f"unknown notebook {str(name)!r}; known: {', '.join(nbs)}")
+    import difflib
+    close = difflib.get_close_matches(str(name), list(nbs), n=1)
+    raise RunError(f"unknown notebook {str(name)!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                   + f" Known: {', '.join(nbs)}")
 
 # %% ../nbs/08_runs.ipynb #0fc3ecca
 def read_notebook(path: Path) -> dict:
@@ -377,7 +381,7 @@ def execute_point(spec: dict) -> dict:
     rec = {k: spec[k] for k in ("id", "notebook", "source", "parameters", "preset", "seed", "commit", "sweep")}
     from genlab.core import get_device
     rec.update(status="failed", error=None, claims=[], metrics={}, host=socket.gethostname(),
-               device=str(get_device()),  # what the kernel computes on: $GENLAB_DEVICE, else CUDA when present, else CPU
+               device=str(get_device()), run=f"{spec['id']}-{uuid.uuid4().hex[:8]}",  # this execution (the id is the point)  # what the kernel computes on: $GENLAB_DEVICE, else CUDA when present, else CPU
                threads=spec.get("threads"), started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     out_text = None
     t0 = time.perf_counter()

@@ -148,3 +148,52 @@ def test_readme_method_table_is_rendered_from_the_records():
     readme = (ROOT / "README.md").read_text()
     assert mod.BEGIN + "\n" + mod.table() + "\n" + mod.END in readme, \
         "README's method table is stale: run `python tools/readme_table.py --write`"
+
+
+def test_report_shows_the_folders_own_newest_run_and_says_when_older_ones_were_set_aside(tmp_path):
+    # the sequence a newcomer met: a reproduce into runs/reproduce-smoke/<slug>/, then `genlab run` of the same
+    # point into runs/ (the same parameter hash), then `genlab report runs`
+    runs = tmp_path / "runs"
+    _write_run(runs / "reproduce-smoke", "m-0", 0, _claims(0.8, 0))
+    (runs / "reproduce-smoke" / "m" / "records.jsonl").write_text("")
+    rec = json.loads((runs / "reproduce-smoke" / "m" / "m-0" / "record.json").read_text())
+    (runs / "reproduce-smoke" / "m" / "m-0" / "record.json").write_text(json.dumps({**rec, "started": "2026-01-01T00:00:00"}))
+    (runs / "m-0").mkdir(parents=True)
+    (runs / "m-0" / "record.json").write_text(json.dumps({**rec, "started": "2026-02-01T00:00:00", "duration_s": 37.2}))
+    own = collect_records(runs)
+    assert len(own) == 1 and own[0]["duration_s"] == 37.2                         # runs/'s own run, not the nested one
+    both = collect_records(runs, recursive=True)
+    assert len(both) == 1 and both[0]["duration_s"] == 37.2 and both[0]["_older"] == 1
+    md = report(runs, recursive=True).read_text()
+    assert "the newest of 2 executions of this point" in md
+    with pytest.raises(Exception, match="does not exist"):
+        collect_records(tmp_path / "nowhere")
+
+
+def test_smoke_pages_are_grey_and_say_what_smoke_checks(tmp_path):
+    from genlab.report import SMOKE_NOTE
+    _write_run(tmp_path, "m-0", 0, _claims(0.8, 0))
+    rec_path = tmp_path / "m" / "m-0" / "record.json"
+    rec_path.write_text(json.dumps({**json.loads(rec_path.read_text()), "preset": "smoke"}))
+    md = report(tmp_path).read_text()
+    html = (tmp_path / "report.html").read_text()
+    summary = html.split("<h2>Summary</h2>")[1].split("</table>")[0]
+    assert SMOKE_NOTE in md and 'class="n grey"' in summary                   # verdict columns carry no colour
+    assert not any(f'class="n {c}"' in summary for c in ("ok", "bad", "warn"))
+
+
+def test_compare_page_puts_changed_verdicts_first_with_metrics_and_overlaid_series(tmp_path):
+    from genlab.report import compare_page
+    a, b = tmp_path / "a", tmp_path / "b"
+    for s, v in enumerate([0.8, 0.85, 0.82]):
+        _write_run(a, f"m-{s}", s, _claims(v, s))
+        _write_run(b, f"m-{s}", s, _claims(v - 0.5, s))
+    for folder, loss in ((a, 1.0), (b, 0.8)):
+        for d in (folder / "m").iterdir():
+            r = json.loads((d / "record.json").read_text())
+            (d / "record.json").write_text(json.dumps({**r, "metrics": {"loss": loss, "curve": [3.0, 2.0, loss]}}))
+    page = compare_page(a, b, tmp_path / "cmp").read_text()
+    assert page.index("→") < page.index("## Metrics")
+    assert "| m | loss | 1 | 0.8 | -0.2 |" in page and (tmp_path / "cmp" / "compare_files" / "m-curve.png").is_file()
+    assert (tmp_path / "cmp" / "compare.html").is_file()
+    assert "absent" not in compare(a, b)

@@ -361,3 +361,10 @@ def test_genlab_claims_prints_the_headline_and_reasons(tmp_path):
     assert "headline:" in res.stdout and "paper claims:" in res.stdout
     bad = cli("claims", "flow_matching", str(tmp_path / "nowhere"))
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_cli_refuses_a_negative_timeout_and_suggests_a_close_notebook_name():
+    res = cli("run", "flow_matchin")
+    assert res.returncode == 2 and "did you mean 'flow_matching'" in res.stderr
+    res = cli("run", "flow_matching", "--timeout", "-1")
+    assert res.returncode == 2 and "--timeout" in res.stderr
