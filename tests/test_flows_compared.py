@@ -19,7 +19,7 @@ def h():
     src = [c for c in cells if c.startswith("# flows_compared: helpers")]
     assert len(src) == 1, "the notebook must have exactly one helper cell"
     ns = {}
-    exec("import math, numpy as np, torch\nfrom genlab.core import ParameterError, check_range\n"
+    exec("import math, numpy as np, torch\nfrom genlab.core import ParameterError, check_range, stream_seed\n"
          "from genlab.metrics import entropy, frechet_distance\nfrom genlab.stats import estimate\n" + src[0], ns)
     return ns
 
