@@ -18,10 +18,9 @@ from .core import ParameterError, check_choice, check_range
 
 # %% auto #0
 __all__ = ['TOY_SAMPLERS', 'MNIST_ENV', 'MNIST_FILES', 'MOVIELENS_ENV', 'ML100K_GENRES', 'TEXT_CORPORA', 'ring_centres',
-           'sample_ring', 'sample_8gaussians', 'sample_moons', 'sample_gaussian', 'sample_checkerboard', 'sample_gmm',
-           'sample_toy', 'MissingPackageError', 'require_package', 'package_dir', 'read_idx', 'mnist_raw_dir',
-           'load_mnist', 'load_mnist5k', 'load_digits', 'PCACodec', 'movielens_dir', 'load_movielens100k',
-           'load_text_corpus']
+           'sample_ring', 'sample_moons', 'sample_gaussian', 'sample_checkerboard', 'sample_gmm', 'sample_toy',
+           'MissingPackageError', 'require_package', 'package_dir', 'read_idx', 'mnist_raw_dir', 'load_mnist',
+           'load_mnist5k', 'load_digits', 'PCACodec', 'movielens_dir', 'load_movielens100k', 'load_text_corpus']
 
 # %% ../nbs/01_data.ipynb #7a45a4ae
 def ring_centres(k: int = 8,  # number of components
@@ -61,16 +60,6 @@ def sample_ring(n: int,  # number of points
     return (x, j) if labels else x
 
 # %% ../nbs/01_data.ipynb #b92df379
-def sample_8gaussians(n: int, generator: torch.Generator | None = None, *,
-                      radius: float = 4.0, std: float = 0.5) -> torch.Tensor:
-    "`n` points from 8 Gaussians (std `std`) on a circle of radius `radius`: (n, 2)."
-    check_range("n", n, 1)
-    k = torch.randint(0, 8, (n,), generator=generator)
-    angle = k.float() * (2 * math.pi / 8)
-    centers = radius * torch.stack([torch.cos(angle), torch.sin(angle)], dim=1)
-    return centers + std * torch.randn(n, 2, generator=generator)
-
-
 def sample_moons(n: int, generator: torch.Generator | None = None, *,
                  noise: float = 0.1, scale: float = 3.0) -> torch.Tensor:
     "`n` points from two interleaved half-moons (as sklearn's `make_moons`), centred and scaled: (n, 2)."
@@ -114,7 +103,7 @@ def sample_gmm(n: int, means: torch.Tensor, stds: torch.Tensor | float, weights:
     return (x, c) if return_labels else x
 
 
-TOY_SAMPLERS = {"8gaussians": sample_8gaussians, "moons": sample_moons, "gaussian": sample_gaussian,
+TOY_SAMPLERS = {"8gaussians": sample_ring, "moons": sample_moons, "gaussian": sample_gaussian,
                 "checkerboard": sample_checkerboard, "ring": sample_ring}
 
 

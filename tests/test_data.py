@@ -3,13 +3,13 @@ import torch
 
 from genlab.core import ParameterError
 from genlab.data import (MissingPackageError, load_digits, load_mnist5k, load_movielens100k, load_text_corpus,
-                         movielens_dir, package_dir, require_package, ring_centres, sample_8gaussians, sample_gmm,
+                         movielens_dir, package_dir, require_package, ring_centres, sample_gmm,
                          sample_moons, sample_ring, sample_toy)
 
 
 def test_toy_samplers_shapes_and_statistics():
     g = torch.Generator().manual_seed(0)
-    x = sample_8gaussians(20000, g)
+    x = sample_ring(20000, g)
     assert x.shape == (20000, 2)
     assert abs(x.norm(dim=1).mean() - 4.0) < 0.1
     m = sample_moons(1000, g)
@@ -59,10 +59,12 @@ def test_sample_ring_reproducible_defaults_dtype_and_errors():
     assert torch.equal(x0, sample_ring(50, torch.Generator().manual_seed(1)))          # labels=True: same draw
     assert sample_ring(10, dtype=torch.float64).dtype == torch.float64
     assert sample_toy("ring", 10, torch.Generator().manual_seed(0)).shape == (10, 2)
-    # with k = 8 it is sample_8gaussians' draw, value for value (the ring replaces it)
+    # with k = 8 it is the classic 8-Gaussian draw (component index, then noise), value for value
     for r, s in ((4.0, 0.5), (2.0, 0.2)):
-        assert torch.equal(sample_ring(300, torch.Generator().manual_seed(2), radius=r, std=s),
-                           sample_8gaussians(300, torch.Generator().manual_seed(2), radius=r, std=s))
+        g2 = torch.Generator().manual_seed(2)
+        ang = torch.randint(0, 8, (300,), generator=g2).float() * (2 * math.pi / 8)
+        ref = r * torch.stack([torch.cos(ang), torch.sin(ang)], dim=1) + s * torch.randn(300, 2, generator=g2)
+        assert torch.allclose(sample_ring(300, torch.Generator().manual_seed(2), radius=r, std=s), ref, atol=1e-5)
     # the numpy draw is the one self_consuming's sample_ring made (component, then noise)
     g = np.random.default_rng(7)
     th = 2 * np.pi * np.arange(8) / 8
@@ -124,6 +126,8 @@ import gzip
 import io
 import struct
 import zipfile
+
+import math
 
 import numpy as np
 
