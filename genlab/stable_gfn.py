@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .core import ParameterError, check_choice, check_range, param, resolve, rng
@@ -494,32 +495,38 @@ def sample_trajectories(env: GraphEnv, logp_fn, n: int, gen: torch.Generator, ep
 
 
 def _sample_from_table(env: GraphEnv, table: torch.Tensor, n: int, gen: torch.Generator, eps: float) -> Trajectories:
-    "Inverse-CDF sampling of all walkers in lock-step from a tabulated policy (done walkers stay put)."
+    """Inverse-CDF sampling of all n walkers in lock-step from a tabulated policy: per step one row gather, one
+    comparison and one table lookup for the whole batch. A walker that stops moves to an absorbing state S (its only
+    draw is a dummy action 0), so no per-walker bookkeeping runs inside the loop; validity, the terminal object and the
+    padding (state 0, action stop) are read off the absorbed walk afterwards."""
     P = table.exp()
     if eps > 0:
         m = env.mask.to(P.dtype)
         P = (1 - eps) * P + eps * m / m.sum(1, keepdim=True)
     cdf = P.cumsum(1)
-    cdf = cdf / cdf[:, -1:]
-    last = env.n_actions - 1 - env.mask.flip(1).to(torch.int8).argmax(1)   # last valid action of each state
-    L = env.max_len
-    u = torch.rand(n, L, generator=gen, dtype=cdf.dtype)
-    states = torch.zeros(n, L, dtype=torch.long); actions = torch.full((n, L), env.stop, dtype=torch.long)
-    valid = torch.zeros(n, L, dtype=torch.bool); x = torch.full((n,), -1, dtype=torch.long)
-    s = env.levels[0].expand(n).clone(); done = torch.zeros(n, dtype=torch.bool)
+    cdf = cdf / cdf[:, -1:]                 # exactly 1 from the last valid action on (trailing actions have P = 0)
+    S, A, L = env.n_states, env.n_actions, env.max_len
+    cdf = torch.cat([cdf, torch.ones(1, A, dtype=cdf.dtype)])                  # absorbing state S: action 0
+    step = torch.where(env.mask, env.child, S)
+    step[:, env.stop] = S                                                      # stopping absorbs the walker
+    step = torch.cat([step, torch.full((1, A), S, dtype=torch.long)])
+    u = 1.0 - torch.rand(L, n, generator=gen, dtype=cdf.dtype)                 # u in (0, 1]: a = #{a': cdf(a') < u}
+    s = env.levels[0].expand(n).clone()
+    walk_s, walk_a = [], []
     for t in range(L):
-        a = torch.minimum((cdf[s] < u[:, t:t + 1]).sum(1), last[s])
-        states[:, t] = s; actions[:, t] = a; valid[:, t] = ~done
-        nxt = env.child[s, a]
-        stop = (a == env.stop) & ~done
-        x = torch.where(stop, nxt, x)
-        done = done | stop
-        s = torch.where(done, s, nxt)
-        if bool(done.all()):
+        a = (cdf.index_select(0, s) < u[t, :, None]).sum(1)  # never an action of zero probability (cdf = predecessor's)
+        walk_s.append(s); walk_a.append(a)
+        s = step[s, a]
+        if t % 4 == 3 and bool((s == S).all()):    # absorbed walkers stay put, so checking every 4th step is enough
             break
-    if not bool(done.all()):
+    if not bool((s == S).all()):
         raise RuntimeError("trajectories longer than env.max_len")
-    return Trajectories(states, actions, valid, x)
+    states, actions = torch.stack(walk_s, 1), torch.stack(walk_a, 1)           # (n, T), T <= L
+    valid = states != S
+    last = states[torch.arange(n), valid.sum(1) - 1]                           # the state each walker stopped in
+    pad = (0, L - states.shape[1])
+    return Trajectories(F.pad(torch.where(valid, states, 0), pad), F.pad(torch.where(valid, actions, env.stop), pad, value=env.stop),
+                        F.pad(valid, pad), env.child[last, env.stop])
 
 
 def implied_log_reward(env: GraphEnv, logpf_rows: torch.Tensor, traj: Trajectories, log_z: torch.Tensor) -> torch.Tensor:

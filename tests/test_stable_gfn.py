@@ -6,12 +6,13 @@ import math
 import pytest
 import torch
 
-from genlab.core import ParameterError, resolve
+from genlab.core import ParameterError, resolve, rng
 from genlab.stable_gfn import (METHODS, PRESETS, GFNTrainer, KappaSchedule, certificates, count_spikes, delta_moments,
                                fidelity_regressions, implied_log_reward, log_floor, make_bitseq, make_hypergrid,
                                method_spec, oracle_table, parent_table, path_extremes, perturbed_oracle, random_table,
-                               sample_reference, sample_trajectories, sensitivity_point, stable_residual, still_falling,
-                               tb_residual, terminal_log_probs, train_gfn, underweighted_stop_oracle, violations)
+                               sample_reference, sample_trajectories, sensitivity_point, stable_residual, state_log_probs,
+                               still_falling, tb_residual, terminal_log_probs, train_gfn, underweighted_stop_oracle,
+                               violations)
 
 
 def all_trajectories(env, logpf):
@@ -113,6 +114,39 @@ def test_dp_matches_brute_force_enumeration(make):
     m1, m2 = delta_moments(env, tab, log_z)
     assert math.isclose(m1, e1, rel_tol=1e-9, abs_tol=1e-12) and math.isclose(m2, e2, rel_tol=1e-9)
 
+
+@pytest.mark.parametrize("make, eps", [(lambda: make_hypergrid(2, 6), 0.0), (lambda: make_hypergrid(3, 4), 0.3),
+                                       (lambda: make_bitseq(6, 2, 3), 0.1)])
+def test_table_sampler_matches_exact_state_and_terminal_laws(make, eps):
+    "The lock-step table sampler draws the exact laws of (1 - eps) P_F + eps Unif(valid): every state, every terminal."
+    from scipy.stats import chisquare
+    env = make()
+    tab = random_table(env, rng(0, "test", "table"))
+    m = env.mask.double()
+    mixed = torch.log((1 - eps) * tab.exp() + eps * m / m.sum(1, keepdim=True))   # the law actually sampled
+    n = 40_000
+    tr = sample_trajectories(env, tab, n, rng(0, "test", "walks"), eps)
+    # a well-formed batch: valid steps are valid actions along the graph, stop last, padding = (state 0, stop)
+    st, ac, ok = tr.states, tr.actions, tr.valid
+    assert env.mask[st[ok], ac[ok]].all() and (st[:, 0] == 0).all()
+    k = ok.sum(1) - 1
+    assert (ac[torch.arange(n), k] == env.stop).all() and (tr.x == env.child[st[torch.arange(n), k], env.stop]).all()
+    moved = ok[:, 1:]
+    assert (env.child[st[:, :-1], ac[:, :-1]][moved] == st[:, 1:][moved]).all()
+    assert (st[~ok] == 0).all() and (ac[~ok] == env.stop).all() and not (ok[:, 1:] & ~ok[:, :-1]).any()
+    # state visits: the graph is a DAG, so a walk visits a state at most once and its count is Binomial(n, p_s);
+    # 5 standard errors (plus one count) per state: a false alarm has probability < 1e-6 per state
+    p_s = state_log_probs(env, mixed).exp()
+    f_s = torch.bincount(st[ok], minlength=env.n_states).double() / n
+    assert ((f_s - p_s).abs() <= 5 * (p_s * (1 - p_s) / n).sqrt() + 1 / n).all()
+    # terminals: chi-square goodness of fit to P_T of the sampled law (cells with expected count < 5 pooled)
+    exp_x = n * terminal_log_probs(env, mixed).exp()
+    obs_x = torch.bincount(tr.x, minlength=env.n_terminals).double()
+    big = exp_x >= 5
+    pool = [obs_x[~big].sum()[None]] if (~big).any() else []
+    obs = torch.cat([obs_x[big], *pool]).numpy()
+    expd = torch.cat([exp_x[big], *([exp_x[~big].sum()[None]] if pool else [])]).numpy()
+    assert chisquare(obs, expd * obs.sum() / expd.sum()).pvalue > 1e-4
 
 def test_dp_terminal_law_matches_monte_carlo():
     env = make_hypergrid(2, 6, R0=1e-3)
