@@ -17,8 +17,9 @@ from .stats import REASONS, TWO_STAGE_LEVEL, evaluate, pool
 
 # %% auto #0
 __all__ = ['SMOKE_NOTE', 'ReportError', 'collect_records', 'claim_kind', 'pooled_claims', 'cell_source', 'notebook_figures',
-           'tally_text', 'headline_sections', 'declared_headline', 'load_designs', 'method_sections', 'is_evidence',
-           'report_markdown', 'report_html', 'report', 'claims_text', 'compare', 'compare_page']
+           'tally_text', 'headline_sections', 'declared_headline', 'load_designs', 'method_sections',
+           'headline_verdict', 'is_evidence', 'report_markdown', 'report_html', 'report', 'claims_text', 'compare',
+           'compare_page']
 
 # %% ../nbs/07_report.ipynb #b84e6831
 class ReportError(ValueError):
@@ -256,7 +257,7 @@ def declared_headline(source: str | None) -> str | None:
 
 
 def _mark_headline(claims: list[dict], declared: str | None) -> dict | None:
-    paper = [c for c in claims if c["kind"] == "paper"]
+    paper = [c for c in claims if c["kind"] in ("paper", "deterministic")]  # a deterministic headline is shown as such
     head = next((c for c in paper if c.get("headline")), None)
     if head is None and declared:
         head = next((c for c in paper if c["name"] == declared or c["name"].startswith(declared + " ")), None)
@@ -322,6 +323,13 @@ def method_sections(recs: list[dict],  # run records (`collect_records`)
     return out
 
 # %% ../nbs/07_report.ipynb #6507ef33
+def headline_verdict(h: dict) -> str:
+    "The headline's verdict with its reason; a deterministic headline is named as such (not counted)."
+    if h.get("kind") == "deterministic":
+        return "not counted: identical on every seed (a deterministic fact, not evidence)"
+    return verdict_text(h)
+
+
 def _headline_rows(sections: list[dict]) -> list[str]:
     rows = ["| paper (method) | headline claim | value ± 95% interval | verdict | all paper claims |", "|---|---|---|---|---|"]
     for m in headline_sections(sections):
@@ -330,7 +338,7 @@ def _headline_rows(sections: list[dict]) -> list[str]:
             rows.append(f"| [{esc(m['notebook'])}](#{m['anchor']}) | (no headline declared) | | | {esc(tally_text(m))} |")
             continue
         rows.append(f"| [{esc(m['notebook'])}](#{m['anchor']}) | {esc(h['name'])} | {esc(_estimate_text(h))} "
-                    f"against {esc(_threshold_text(h))} | **{esc(verdict_text(h))}** | {esc(tally_text(m))} |")
+                    f"against {esc(_threshold_text(h))} | **{esc(headline_verdict(h))}** | {esc(tally_text(m))} |")
     return rows
 
 
@@ -447,7 +455,7 @@ figure img{max-width:100%}figcaption{font-size:85%;color:#444}details{margin:.5e
 <p>One row per paper: the claim its abstract leads with, decided on independent seeds; then all its paper claims, the unresolved ones by reason.</p>
 <div class="scroll"><table><tr><th>paper (method)</th><th>headline claim</th><th>value ± 95% interval</th><th>verdict</th><th>all paper claims</th></tr>
 {% for m in heads %}<tr><td><a href="#{{ m.anchor }}">{{ m.notebook }}</a></td>{% if m.headline %}<td>{{ m.headline.name }}</td>
-<td class="n">{{ est(m.headline) }} against {{ thr(m.headline) }}</td><td class="{{ cls(m.headline.verdict) }}"><b>{{ vtext(m.headline) }}</b></td>
+<td class="n">{{ est(m.headline) }} against {{ thr(m.headline) }}</td><td class="{{ cls(m.headline.verdict) if m.headline.kind == 'paper' else '' }}"><b>{{ hverdict(m.headline) }}</b></td>
 {% else %}<td>(no headline declared)</td><td></td><td></td>{% endif %}<td>{{ tally(m) }}</td></tr>
 {% endfor %}</table></div>
 <h2>Summary</h2>
@@ -489,7 +497,7 @@ def report_html(sections: list[dict], title: str, figures: dict) -> str:
     return env.from_string(_HTML).render(
         title=title, sections=sections, heads=headline_sections(sections), figures=figures, fmt=fmt,
         est=_estimate_text, thr=_threshold_text, ctrl=_control_text, cls=cls, evidence=evidence, smoke_note=SMOKE_NOTE,
-        seed_text=_seed_text, tally=tally_text, reasons=_reasons_text, vtext=verdict_text, design=_design_text,
+        seed_text=_seed_text, tally=tally_text, reasons=_reasons_text, vtext=verdict_text, hverdict=headline_verdict, design=_design_text,
         paper=lambda m: sorted((c for c in m["claims"] if c["kind"] == "paper"), key=lambda c: not c.get("headline")))
 
 # %% ../nbs/07_report.ipynb #55bd9551
