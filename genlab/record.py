@@ -288,9 +288,11 @@ class Claims:
         self._add(item, f"[health] {name}: {item['verdict']} ({fmt(v)} vs {direction} {fmt(float(target))})")
         return ok
 
-    def sanity(self, name: str, ok: bool, note: str = "", **evidence) -> bool:
-        "Record an implementation guard or a property that holds by construction; raise `ClaimFailed` when false."
-        return self.check(name, ok, sanity=True, note=note, **evidence)
+    def sanity(self, name: str, ok: bool, note: str = "",
+               rule: str = "",  # the rule in words with the measured numbers, e.g. "loss fell to 0.81x its start; needs < 0.8x"
+               **evidence) -> bool:
+        "Record an implementation guard or a property that holds by construction; raise `ClaimFailed` (with its rule) when false."
+        return self.check(name, ok, sanity=True, note=note, rule=rule, **evidence)
 
     def calibration(self, name: str, ok: bool, note: str = "", **evidence) -> bool:
         "Record a calibration target (tuned on a run); never counted as a paper claim and never raises."
@@ -300,16 +302,16 @@ class Claims:
         self._add(item, f"[calibration] {name}: {item['verdict']} ({_estimate_text(item)})")
         return ok
 
-    def check(self, name: str, ok: bool, sanity: bool = False, note: str = "", **evidence) -> bool:
-        "Legacy boolean claim: a sanity guard (raises when false) or a single-measurement paper claim."
+    def check(self, name: str, ok: bool, sanity: bool = False, note: str = "", rule: str = "", **evidence) -> bool:
+        "Legacy boolean claim: a sanity guard (raises when false, naming its rule) or a single-measurement paper claim."
         ok = bool(ok)
         kind = "sanity" if sanity else "paper"
         item = {"name": name, "kind": kind, "ok": ok, "sanity": bool(sanity),
                 "verdict": ("true" if ok else "false") if sanity else ("supported" if ok else "contradicted"),
-                "note": note, "evidence": to_jsonable(evidence), "legacy": not sanity}
+                "note": note, "rule": rule, "evidence": to_jsonable(evidence), "legacy": not sanity}
         self._add(item, f"[{'sanity' if sanity else 'claim'}] {name}: {'TRUE' if ok else 'FALSE'} ({_estimate_text(item)})")
         if sanity and not ok:
-            raise ClaimFailed(f"sanity claim {name!r} is false: {_estimate_text(item)}")
+            raise ClaimFailed(f"sanity claim {name!r} is false" + (f": {rule}" if rule else "") + f" ({_estimate_text(item)})")
         return ok
 
     @property

@@ -88,3 +88,9 @@ def test_health_checks_gate_the_claims_that_name_them(capsys):
     c.summary()
     Claims(headline="C9").summary()                       # a section without its headline says so, and runs on
     assert "C9' was not recorded" in capsys.readouterr().out
+
+
+def test_a_false_sanity_check_names_its_rule_and_numbers():
+    with pytest.raises(ClaimFailed, match=r"fell to 0.81x its start; this check needs < 0.8x.*first = 25.6"):
+        Claims().sanity("training reduces the loss", False, rule="the loss fell to 0.81x its start; this check needs < 0.8x",
+                        first=25.6, last=20.7)
