@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_choice, check_range, param
+from .core import ParameterError, check_choice, check_range, param, rng
 from .lm import Batch, LMHandle, WordTokenizer, gumbel, load_minilm
 from .train import fit
 
@@ -28,7 +28,7 @@ __all__ = ['SCORERS', 'SECTIONS', 'PRESETS', 'GRAMMAR', 'JUDGES_B', 'QHEADS', 'M
            'qhead_bce', 'train_value_head', 'IsotonicCalibrator', 'expected_calibration_error', 'shuffled_values',
            'check_decode_inputs', 'CoupledDecoder', 'coupled_decode', 'rollout_features', 'touched_rows',
            'token_edit_distance', 'strip_eos', 'pareto_levels_won', 'smol_prompts', 'LexiconJudge', 'lexicon_token_ids',
-           'tokenizer_size', 'PhraseJudge', 'make_judge', 'paired_bootstrap']
+           'tokenizer_size', 'PhraseJudge', 'make_judge']
 
 # %% ../nbs/41_value_filter.ipynb #5653c22a
 SCORERS = ("lexicon", "minilm")
@@ -37,7 +37,7 @@ SECTIONS = ("all", "world_a", "world_b", "smollm2")
 
 @dataclass(frozen=True)
 class ValueFilterConfig:
-    seed: int = param(0, lo=0, help="run seed; a section's seeds are seed*100 + 0..n-1")
+    seed: int = param(0, lo=0, help="run seed; the k-th seed of a section is stream_seed(seed, section, k)")
     section: str = param("all", choices=SECTIONS, help="which part of the work this run does ('all' = every part)")
     sections: tuple[str, ...] = param((), choices=SECTIONS[1:], each=True, help="the sections of the preset, for the runner")
     tau: float = param(0.2, lo=0, hi=1, help="headline threshold of World B (V4, sweep)")
@@ -377,7 +377,8 @@ def unembedding(handle: LMHandle) -> torch.Tensor:
 class QHead(nn.Module):
     "Q-head (Eq. 5): values of every next token from one residual vector; token term tied to frozen unembedding rows `emb` ('tied') or free per-token parameters ('free')."
 
-    def __init__(self, d_model: int, vocab_size: int, rank: int = 8, *, kind: str = "free", emb: torch.Tensor | None = None):
+    def __init__(self, d_model: int, vocab_size: int, rank: int = 8, *, kind: str = "free", emb: torch.Tensor | None = None,
+                 generator: torch.Generator | None = None):  # draws the initial weights (torch's default laws)
         super().__init__()
         check_choice("qhead", kind, QHEADS)
         self.kind = kind
@@ -392,10 +393,16 @@ class QHead(nn.Module):
             e = emb.detach().float()
             self.register_buffer("E", (e - e.mean(0)) / e.std().clamp_min(1e-8), persistent=False)  # centred, unit scale
             self.c = nn.Parameter(torch.zeros(e.shape[1]))
-            self.A = nn.Parameter(torch.randn(rank, e.shape[1]) / math.sqrt(e.shape[1]))
+            self.A = nn.Parameter(torch.randn(rank, e.shape[1], generator=generator) / math.sqrt(e.shape[1]))
         else:
             self.delta = nn.Parameter(torch.zeros(vocab_size))
             self.F = nn.Parameter(torch.zeros(vocab_size, rank))
+        if generator is not None:   # nn.Linear's default init, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), from the generator
+            for lin in (self.state, self.U):
+                bound = 1 / math.sqrt(lin.in_features)
+                for p in (lin.weight, lin.bias):
+                    if p is not None:
+                        nn.init.uniform_(p, -bound, bound, generator=generator)
 
     def set_standardisation(self, h: torch.Tensor):
         "Standardise inputs with the mean and std of training activations h (N, d)."
@@ -425,9 +432,10 @@ class QHead(nn.Module):
         return torch.sigmoid(self.logits(h))
 
 
-def make_qhead(handle: LMHandle, kind: str = "tied", rank: int = 8) -> QHead:
+def make_qhead(handle: LMHandle, kind: str = "tied", rank: int = 8, generator: torch.Generator | None = None) -> QHead:
     "A Q-head sized for `handle`, tied to its unembedding when kind='tied'."
-    return QHead(handle.d_model, handle.vocab_size, rank, kind=kind, emb=unembedding(handle) if kind == "tied" else None)
+    return QHead(handle.d_model, handle.vocab_size, rank, kind=kind, emb=unembedding(handle) if kind == "tied" else None,
+                 generator=generator)
 
 
 def qhead_bce(head: QHead, h: torch.Tensor, taken: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
@@ -543,21 +551,23 @@ class CoupledDecoder:
 
 def coupled_decode(handle: LMHandle, prompts: torch.Tensor | Batch,  # (B, t) / (t,) ids, or a left-padded Batch
                    *, layer: int, value_fn: Callable | None = None, mode: str = "vf", tau: float = 0.0,
-                   strength: float = 0.0, seed: int | Sequence[int] = 0, max_new_tokens: int = 16,
-                   temperature: float = 1.0) -> dict:
-    "Decode with VF (Eq. 4) or a baseline, coupled to the base sample by the noise seed `seed` (one per equal group of rows if a list); returns tokens, flags and counters."
+                   strength: float = 0.0,
+                   generator: torch.Generator | Sequence[torch.Generator],  # the Gumbel noise: one, or one per equal group of rows
+                   max_new_tokens: int = 16, temperature: float = 1.0) -> dict:
+    "Decode with VF (Eq. 4) or a baseline, coupled to the base sample through the noise of `generator` (fresh generators of the same stream couple two calls); returns tokens, flags and counters."
     layer = check_decode_inputs(handle, layer, tau, mode)
     if mode != "base" and value_fn is None:
         raise ParameterError(f"mode {mode!r} needs a value_fn")
     prompts, mask = prompts if isinstance(prompts, Batch) else (prompts, None)
     prompts = prompts[None] if prompts.dim() == 1 else prompts
     B, plen = prompts.shape
-    if isinstance(seed, int):
-        gens = torch.Generator().manual_seed(seed)
+    if isinstance(generator, torch.Generator):
+        gens = generator
     else:
-        if not seed or B % len(seed):
-            raise ParameterError(f"seed must be an int or a list whose length divides the {B} rows; got {len(seed)} seeds")
-        gens = [torch.Generator().manual_seed(int(s)) for s in seed]
+        gens = list(generator)
+        if not gens or B % len(gens) or not all(isinstance(g, torch.Generator) for g in gens):
+            raise ParameterError(f"generator must be a torch.Generator or a list of them whose length divides the {B} rows; "
+                                 f"got {len(gens)}")
     eos = handle.eos_id
     t0 = time.perf_counter()
     with handle.capture(layer) as acts:
@@ -707,13 +717,3 @@ def make_judge(scorer: str, *, phrases=None, unsafe=None, words=None, embed=None
         return LexiconJudge(words)
     return PhraseJudge(embed or load_minilm(), phrases, unsafe)
 
-
-def paired_bootstrap(diff: np.ndarray, level: float = 0.95, n_boot: int = 4000, seed: int = 0) -> tuple[float, float, float]:
-    "Mean of per-prompt paired differences with a percentile-bootstrap interval over prompts (scipy.stats.bootstrap)."
-    from scipy import stats as st
-    diff = np.asarray(diff, float)
-    if np.all(diff == diff[0]):
-        return float(diff[0]), float(diff[0]), float(diff[0])
-    res = st.bootstrap((diff,), np.mean, confidence_level=level, n_resamples=n_boot, method="percentile",
-                       random_state=np.random.default_rng(seed))
-    return float(diff.mean()), float(res.confidence_interval.low), float(res.confidence_interval.high)

@@ -8,17 +8,18 @@ import pytest
 import torch
 from scipy import stats
 
-from genlab.core import ParameterError, resolve
+from genlab.core import ParameterError, resolve, rng
 from genlab.lm import tinygpt_handle
 from genlab.value_filter import (GRAMMAR, PRESETS, LexiconJudge, QHead, bound_fi, check_decode_inputs, coupled_decode,
                                  coupling_stats, exact_values, expected_calibration_error, filter_step, grading_report,
                                  grammar_tokenizer, gumbel, judge_b, lexicon_safe, lexicon_token_ids, lexicon_values,
-                                 make_judge, make_qhead, markov_world, paired_bootstrap, pareto_levels_won, qhead_bce,
+                                 make_judge, make_qhead, markov_world, pareto_levels_won, qhead_bce,
                                  rollout_features, sample_grammar, shuffled_values, simulate_markov, smol_prompts,
                                  token_edit_distance, touched_rows, unembedding)
 
 torch.set_num_threads(1)
 H = 6
+G = lambda *names: rng(0, "test", *names)   # fresh generators of the same name give the same noise (the coupling)
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +170,9 @@ def tiny():
 def test_tinygpt_tau0_reproduces_base_token_for_token(tiny):
     h, head, prompts = tiny
     with torch.no_grad():
-        base = coupled_decode(h, prompts, layer=-1, mode="base", seed=7, max_new_tokens=10)
-        vf0 = coupled_decode(h, prompts, layer=-1, value_fn=head, mode="vf", tau=0.0, seed=7, max_new_tokens=10)
-        vf = coupled_decode(h, prompts, layer=-1, value_fn=head, mode="vf", tau=0.5, seed=7, max_new_tokens=10)
+        base = coupled_decode(h, prompts, layer=-1, mode="base", generator=G(7), max_new_tokens=10)
+        vf0 = coupled_decode(h, prompts, layer=-1, value_fn=head, mode="vf", tau=0.0, generator=G(7), max_new_tokens=10)
+        vf = coupled_decode(h, prompts, layer=-1, value_fn=head, mode="vf", tau=0.5, generator=G(7), max_new_tokens=10)
     assert torch.equal(base["new"], vf0["new"]) and not vf0["intervened"].any()
     differs = (vf["new"] != base["new"]).any(1)
     assert vf["intervened"].any() and (vf["intervened"] | ~differs).all()
@@ -190,7 +191,7 @@ def test_bad_input_raises_before_generation(tiny):
     with pytest.raises(ParameterError, match="layer"):
         check_decode_inputs(h, 7, 0.2)
     with pytest.raises(ParameterError, match="tau"):
-        coupled_decode(h, prompts, layer=-1, value_fn=head, tau=-0.1)
+        coupled_decode(h, prompts, layer=-1, value_fn=head, tau=-0.1, generator=G(0))
     with pytest.raises(ParameterError, match="scorer"):
         make_judge("oracle")
 
@@ -204,9 +205,9 @@ def test_smollm2_one_filtered_step():
     torch.nn.init.normal_(head.delta, std=3.0)                # random values: some tokens filtered at tau = 0.5
     p = h.chat_prompt("Write one sentence about a farm.")[None].repeat(2, 1)
     with torch.no_grad():
-        base = coupled_decode(h, p, layer=20, mode="base", seed=3, max_new_tokens=2)
-        vf0 = coupled_decode(h, p, layer=20, value_fn=head, mode="vf", tau=0.0, seed=3, max_new_tokens=2)
-        vf = coupled_decode(h, p, layer=20, value_fn=head, mode="vf", tau=0.5, seed=3, max_new_tokens=1)
+        base = coupled_decode(h, p, layer=20, mode="base", generator=G(3), max_new_tokens=2)
+        vf0 = coupled_decode(h, p, layer=20, value_fn=head, mode="vf", tau=0.0, generator=G(3), max_new_tokens=2)
+        vf = coupled_decode(h, p, layer=20, value_fn=head, mode="vf", tau=0.5, generator=G(3), max_new_tokens=1)
     assert torch.equal(base["new"], vf0["new"]) and vf0["value_evals"] == vf0["steps"] == 2
     with torch.no_grad():
         hid = h.hidden(p, [20])[20][:, -1]
@@ -220,9 +221,9 @@ def _batched_vs_alone(h, head, prompts, seeds, n, new_tokens, **kw):
     from genlab.lm import Batch
     batch = h.pad([p for p in prompts for _ in range(n)])
     with torch.no_grad():
-        both = coupled_decode(h, batch, layer=-1, value_fn=head, seed=seeds, max_new_tokens=new_tokens, **kw)
+        both = coupled_decode(h, batch, layer=-1, value_fn=head, generator=[G(s) for s in seeds], max_new_tokens=new_tokens, **kw)
         for i, (p, s) in enumerate(zip(prompts, seeds)):
-            alone = coupled_decode(h, p[None].repeat(n, 1), layer=-1, value_fn=head, seed=s,
+            alone = coupled_decode(h, p[None].repeat(n, 1), layer=-1, value_fn=head, generator=G(s),
                                    max_new_tokens=new_tokens, **kw)
             sl = slice(i * n, (i + 1) * n)
             assert torch.equal(both["new"][sl], alone["new"]), i
@@ -238,8 +239,8 @@ def test_coupled_decode_batches_prompts_of_different_lengths(tiny):
     h, head, prompts = tiny
     ps = [prompts[0], prompts[1, 1:], prompts[2, 2:]]            # lengths 4, 3, 2
     _batched_vs_alone(h, head, ps, [7, 8, 9], n=3, new_tokens=8, mode="vf", tau=0.5)
-    with pytest.raises(ParameterError, match="seed"):
-        coupled_decode(h, prompts[:4], layer=-1, mode="base", seed=[1, 2, 3])
+    with pytest.raises(ParameterError, match="generator"):
+        coupled_decode(h, prompts[:4], layer=-1, mode="base", generator=[G(1), G(2), G(3)])
 
 
 def test_smollm2_coupled_decode_batched_equals_per_prompt():
@@ -352,8 +353,8 @@ def test_touched_rows_are_the_only_rows_vf_changes(tiny):
     torch.nn.init.normal_(head.c, std=1.0)
     assert torch.equal(head.E, (unembedding(h) - unembedding(h).mean(0)) / unembedding(h).std())
     with torch.no_grad():
-        base = coupled_decode(h, prompts, layer=-1, mode="base", seed=list(range(64)), max_new_tokens=10)
-        vf = coupled_decode(h, prompts, layer=-1, value_fn=head, mode="vf", tau=0.5, seed=list(range(64)), max_new_tokens=10)
+        base = coupled_decode(h, prompts, layer=-1, mode="base", generator=[G(i) for i in range(64)], max_new_tokens=10)
+        vf = coupled_decode(h, prompts, layer=-1, value_fn=head, mode="vf", tau=0.5, generator=[G(i) for i in range(64)], max_new_tokens=10)
         hs, taken, rows = rollout_features(h, prompts, base["new"], -1)
         touch = touched_rows(torch.sigmoid(head.logits_at(hs, taken)), rows, 64, 0.5)
     assert 0 < touch.sum() < 64
@@ -362,7 +363,7 @@ def test_touched_rows_are_the_only_rows_vf_changes(tiny):
     # per-row seeds: a subset decoded alone reproduces the same rows of the full batch
     idx = touch.nonzero()[:, 0]
     with torch.no_grad():
-        sub = coupled_decode(h, prompts[idx], layer=-1, value_fn=head, mode="vf", tau=0.5, seed=idx.tolist(), max_new_tokens=10)
+        sub = coupled_decode(h, prompts[idx], layer=-1, value_fn=head, mode="vf", tau=0.5, generator=[G(i) for i in idx.tolist()], max_new_tokens=10)
     assert torch.equal(sub["new"], vf["new"][idx])
 
 
@@ -376,13 +377,20 @@ def test_pareto_levels_brute_force():
     assert won == [False, False, True, False]
 
 
-def test_calibration_and_bootstrap_helpers():
+def test_calibration_helpers():
     assert expected_calibration_error([0.2, 0.2, 0.8, 0.8], [0.2, 0.2, 0.8, 0.8]) == pytest.approx(0.0)
     assert expected_calibration_error([0.9] * 4, [0, 0, 1, 1]) == pytest.approx(0.4)
-    d = np.r_[np.ones(30), np.zeros(70)]
-    m, lo, hi = paired_bootstrap(d, seed=0)
-    assert m == pytest.approx(0.3) and lo < 0.3 < hi and hi - lo < 0.25
-    assert paired_bootstrap(np.zeros(10)) == (0.0, 0.0, 0.0)
+
+
+def test_qhead_initial_weights_come_from_the_generator():
+    emb = torch.randn(12, 6)
+    a, b = (QHead(4, 12, rank=3, kind="tied", emb=emb, generator=G("qhead")) for _ in range(2))
+    c = QHead(4, 12, rank=3, kind="tied", emb=emb, generator=G("other"))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.U.weight, c.U.weight)
+    # nn.Linear's default law U(-1/sqrt(fan_in), 1/sqrt(fan_in)): a Kolmogorov-Smirnov test on a wide layer
+    w = QHead(400, 5, rank=64, generator=G("ks")).U.weight.detach().flatten().numpy()
+    assert stats.kstest(w, stats.uniform(loc=-0.05, scale=0.1).cdf).pvalue > 1e-3
 
 
 def test_smollm2_prompts_and_lexicon():
