@@ -14,18 +14,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_range, param
-from .train import fit
+from .core import ParameterError, check_range, np_rng, param, rng, set_seed, stream_seed
+from .parts import TopKSAE, topk_sae_quality, train_topk_sae
+from .train import History, fit
 
 # %% auto #0
-__all__ = ['PARTS', 'SMOLLM2_LAYERS', 'SMOLLM2_D', 'PRESETS', 'ADD_POS', 'SAEDistanceConfig', 'feature_support',
+__all__ = ['PARTS', 'SMOLLM2_LAYERS', 'SMOLLM2_D', 'PRESETS', 'SINKHORN_FROM', 'ADD_POS', 'SAEDistanceConfig', 'feature_support',
            'subsample_support', 'Standardizer', 'ridge_map', 'ground_cost', 'wasserstein', 'first_moment',
-           'distance_matrix', 'decoder_cosine', 'pearson_matrix', 'match', 'TopKSAE', 'train_sae', 'sae_codes',
-           'sae_quality', 'normalize_inputs', 'auroc_matrix', 'label_features', 'label_accuracy', 'supernodes',
-           'property_checks', 'orthogonal', 'planted_layers', 'measures', 'part_a', 'part_margin', 'addition_data',
-           'addition_loss', 'exact_match', 'concept_table', 'part_b', 'lm_corpus_windows', 'lm_hidden_states',
-           'histogram_cosine', 'topk_jaccard', 'matcher_scores', 'lm_cache', 'part_c', 'lm_circuit', 'context_of',
-           'bench_distances']
+           'distance_matrix', 'decoder_cosine', 'pearson_matrix', 'match', 'feature_sae', 'sae_codes',
+           'normalize_inputs', 'auroc_matrix', 'label_features', 'label_accuracy', 'supernodes', 'property_checks',
+           'orthogonal', 'planted_layers', 'measures', 'part_a', 'part_margin', 'addition_data', 'addition_loss',
+           'exact_match', 'concept_table', 'part_b', 'lm_corpus_windows', 'lm_hidden_states', 'histogram_cosine',
+           'topk_jaccard', 'matcher_scores', 'lm_cache', 'part_c', 'lm_circuit', 'context_of', 'bench_distances']
 
 # %% ../nbs/44_sae_distance.ipynb #e78c5fc5
 PARTS = ("A", "A2", "margin", "B", "C")
@@ -34,7 +34,7 @@ SMOLLM2_LAYERS, SMOLLM2_D = 30, 576  # SmolLM2-135M-Instruct: blocks and residua
 
 @dataclass(frozen=True)
 class SAEDistanceConfig:
-    seed: int = param(0, lo=0, help="run seed; planted seeds are seed*100 + 0..n_seeds-1, LM seeds seed*100 + 0..n_lm_seeds-1")
+    seed: int = param(0, lo=0, help="run seed; the i-th planted seed is stream_seed(seed, 'toy', i), the i-th LM seed stream_seed(seed, 'lm', i)")
     parts: str = param("A,A2,margin,B,C", help="comma-separated parts to run, a subset of A,A2,margin,B,C")
     n_seeds: int = param(5, lo=1, help="seeds of the planted parts (A, A2, A2-margin)")
     n_lm_seeds: int = param(3, lo=1, help="seeds of the toy-transformer (B) and SmolLM2 (C) parts")
@@ -188,10 +188,18 @@ def ground_cost(U: np.ndarray, V: np.ndarray, cost: str = "sqeuclidean") -> np.n
     raise ParameterError(f"cost must be 'sqeuclidean' or 'cosine'; got {cost!r}")
 
 
+SINKHORN_FROM: int | None = None  # support size from which solver='auto' uses Sinkhorn; None: exact EMD at every size
+                                  # (tools/bench_sae_distance.py: exact EMD had the lower median time at every N it measured)
+
+
 def wasserstein(U: np.ndarray, wu: np.ndarray, V: np.ndarray, wv: np.ndarray,  # points (n, k), weights (n,); (m, k), (m,)
-                cost: str = "sqeuclidean", solver: str = "exact", reg: float | None = None) -> float:
-    "D(f, g) of Eq. 2: W2 (the root of the optimal cost) between two weighted point clouds; exact EMD or entropic Sinkhorn."
+                cost: str = "sqeuclidean", solver: str = "auto", reg: float | None = None,
+                sinkhorn_from: int | None = SINKHORN_FROM,  # 'auto': Sinkhorn once the larger support has this many points
+                ) -> float:
+    "D(f, g) of Eq. 2: W2 (the root of the optimal cost) between two weighted point clouds; exact EMD, log-domain Sinkhorn, or 'auto' (exact below `sinkhorn_from`)."
     import ot
+    if solver == "auto":
+        solver = "sinkhorn" if sinkhorn_from is not None and max(len(U), len(V)) >= sinkhorn_from else "exact"
     wu = np.asarray(wu, dtype=np.float64); wv = np.asarray(wv, dtype=np.float64)
     wu, wv = wu / wu.sum(), wv / wv.sum()
     C = ground_cost(U, V, cost)
@@ -201,7 +209,7 @@ def wasserstein(U: np.ndarray, wu: np.ndarray, V: np.ndarray, wv: np.ndarray,  #
         eps = reg if reg is not None else 0.05 * float(np.median(C))
         val = ot.sinkhorn2(wu, wv, C, max(eps, 1e-9), method="sinkhorn_log", numItermax=2000)
     else:
-        raise ParameterError(f"solver must be 'exact' or 'sinkhorn'; got {solver!r}")
+        raise ParameterError(f"solver must be 'auto', 'exact' or 'sinkhorn'; got {solver!r}")
     return float(np.sqrt(max(float(val), 0.0))) if cost == "sqeuclidean" else float(max(float(val), 0.0))
 
 
@@ -262,75 +270,13 @@ def match(D: np.ndarray, rule: str = "argmin", higher_is_closer: bool = False, r
     raise ParameterError(f"rule must be 'argmin', 'hungarian' or 'threshold'; got {rule!r}")
 
 # %% ../nbs/44_sae_distance.ipynb #f67d4b93
-class TopKSAE(nn.Module):
-    "A TopK sparse autoencoder with unit-norm decoder rows and an aux-k loss on dead latents."
-
-    def __init__(self, d: int, n_latents: int, k: int, generator: torch.Generator | None = None):
-        super().__init__()
-        check_range("n_latents", n_latents, 1); check_range("k", k, 1, n_latents)
-        self.d, self.n_latents, self.k = d, n_latents, k
-        W = torch.randn(n_latents, d, generator=generator)
-        W = W / W.norm(dim=1, keepdim=True)
-        self.W_dec = nn.Parameter(W.clone())
-        self.W_enc = nn.Parameter(W.clone())
-        self.b_enc = nn.Parameter(torch.zeros(n_latents))
-        self.b_pre = nn.Parameter(torch.zeros(d))
-        self.register_buffer("last_fired", torch.zeros(n_latents, dtype=torch.long))
-
-    def pre(self, x):  # (b, d) -> (b, n)
-        return F.relu((x - self.b_pre) @ self.W_enc.T + self.b_enc)
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:  # (b, d) -> (b, n) sparse activations
-        p = self.pre(x)
-        v, i = p.topk(self.k, dim=-1)
-        return torch.zeros_like(p).scatter(-1, i, v)
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:  # (b, n) -> (b, d)
-        return z @ self.W_dec + self.b_pre
-
-    def forward(self, x):
-        z = self.encode(x)
-        return self.decode(z), z
-
-    @torch.no_grad()
-    def normalize_decoder(self):
-        self.W_dec.data /= self.W_dec.data.norm(dim=1, keepdim=True).clamp_min(1e-8)
-
-
-def train_sae(X: torch.Tensor,  # (n, d) inputs, already centred and scaled
-              n_latents: int, k: int, *, steps: int, batch_size: int = 256, lr: float = 1e-3,
-              aux_k: int | None = None, aux_coef: float = 1 / 8, dead_after: int = 100,
-              generator: torch.Generator | None = None, progress: bool = False):
-    "Train a TopK SAE with aux-k on X via `fit`; returns (sae, History)."
-    n, d = X.shape
-    sae = TopKSAE(d, n_latents, k, generator)
-    with torch.no_grad():
-        sae.b_pre.data = X[torch.randperm(n, generator=generator)[:min(n, 4096)]].median(0).values
-    aux_k = aux_k or min(n_latents // 2, 2 * k * 4)
-    var = X.var(0).sum().clamp_min(1e-12)
-
-    def loss_fn(step):
-        x = X[torch.randint(0, n, (batch_size,), generator=generator)]
-        p = sae.pre(x)
-        v, i = p.topk(k, dim=1)
-        z = torch.zeros_like(p).scatter(1, i, v)
-        xh = sae.decode(z)
-        mse = (x - xh).pow(2).sum(1).mean() / var
-        with torch.no_grad():
-            fired = torch.zeros(n_latents, dtype=torch.bool).index_fill_(0, i.reshape(-1), True)
-            sae.last_fired[fired] = step
-            dead = (step - sae.last_fired) > dead_after
-        out = {"fvu": mse}
-        if dead.any():
-            pa = p.masked_fill(~dead[None], 0.0)
-            va, ia = pa.topk(min(aux_k, int(dead.sum())), dim=1)
-            za = torch.zeros_like(p).scatter(1, ia, va)
-            e = (x - xh).detach()
-            out["aux"] = aux_coef * (e - za @ sae.W_dec).pow(2).sum(1).mean() / var
-        return out
-
-    hist = fit(loss_fn, sae.parameters(), steps=steps, lr=lr, progress=progress, desc="SAE",
-               callbacks=[lambda s, h: sae.normalize_decoder()])
+def feature_sae(X: torch.Tensor,  # (n, d) inputs, already centred and scaled
+                n_latents: int, k: int, *, steps: int, seed: int, name: tuple,  # streams (seed, *name, "init"/"batches")
+                batch_size: int = 256, lr: float = 1e-3, progress: bool = False) -> tuple[TopKSAE, History]:
+    "This notebook's SAE: genlab.parts' TopK SAE with ReLU, b_pre at the median, aux-k on min(m/2, 8k) latents dead for 100 steps at 1/8; (sae, History)."
+    sae = TopKSAE(X.shape[1], n_latents, k, generator=rng(seed, *name, "init"), relu=True)
+    hist = train_topk_sae(sae, X, steps=steps, batch=batch_size, lr=lr, aux_k=min(n_latents // 2, 8 * k), aux_coef=1 / 8,
+                          dead_steps=100, b_pre="median", generator=rng(seed, *name, "batches"), progress=progress)
     return sae.eval(), hist
 
 
@@ -339,14 +285,6 @@ def sae_codes(sae: TopKSAE, X: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
     "SAE activations of every row of X."
     return torch.cat([sae.encode(X[i:i + chunk]) for i in range(0, len(X), chunk)])
 
-
-@torch.no_grad()
-def sae_quality(sae: TopKSAE, X: torch.Tensor, Z: torch.Tensor | None = None) -> dict:
-    "FVU and dead fraction (latents that never fire on X)."
-    Z = sae_codes(sae, X) if Z is None else Z
-    Xh = torch.cat([sae.decode(Z[i:i + 8192]) for i in range(0, len(Z), 8192)])
-    fvu = float((X - Xh).pow(2).sum() / (X - X.mean(0)).pow(2).sum())
-    return {"fvu": fvu, "dead_frac": float(((Z > 0).sum(0) == 0).float().mean())}
 
 
 def normalize_inputs(X: torch.Tensor, ref: torch.Tensor | None = None):
@@ -421,11 +359,11 @@ def supernodes(D: np.ndarray, n_clusters: int | None = None) -> dict:
 # %% ../nbs/44_sae_distance.ipynb #ac1a65b5
 def property_checks(seed: int = 0, n_triples: int = 50, n_noise: int = 20, n: int = 40, k: int = 8) -> dict:
     "Numerical checks of the metric, invariance and stability statements (S1, S2) on random measures."
-    rng = np.random.default_rng(seed)
-    ref = rng.normal(size=(400, k))  # reference points of 400 tokens
+    npg = np_rng(seed, "property-checks")
+    ref = npg.normal(size=(400, k))  # reference points of 400 tokens
 
     def feat():
-        a = np.where(rng.random(400) < 0.2, rng.gamma(2.0, 1.0, 400), 0.0)
+        a = np.where(npg.random(400) < 0.2, npg.gamma(2.0, 1.0, 400), 0.0)
         idx, w = feature_support(a, n)
         return a, ref[idx], w
 
@@ -450,7 +388,7 @@ def property_checks(seed: int = 0, n_triples: int = 50, n_noise: int = 20, n: in
     # stability: noise on every reference point
     ratio = []
     for _ in range(n_noise):
-        e1, e2 = rng.normal(0, 0.1, U.shape), rng.normal(0, 0.1, V.shape)
+        e1, e2 = npg.normal(0, 0.1, U.shape), npg.normal(0, 0.1, V.shape)
         bound = np.linalg.norm(e1, axis=1).max() + np.linalg.norm(e2, axis=1).max()
         ratio.append(abs(wasserstein(U + e1, wu, V + e2, wv) - d0) / bound)
     out["noise_change_over_bound_max"] = float(max(ratio))  # <= 1 by Eq. 3 (the bound is 2 max||noise||, split per measure)
@@ -499,17 +437,16 @@ def measures(Z: np.ndarray, points: np.ndarray, top_n: int, n_min: int, rows: np
 
 def part_a(cfg: SAEDistanceConfig, seed: int) -> dict:
     "One seed of Part A (P1, shared tokens) and A2 (P2, disjoint token halves): matching accuracies of OT and the baselines."
-    g = torch.Generator().manual_seed(seed)
-    L = planted_layers(cfg.a_concepts, cfg.a_tokens, cfg.a_dim, p_on=cfg.a_p_on, noise=cfg.a_noise, generator=g)
+    L = planted_layers(cfg.a_concepts, cfg.a_tokens, cfg.a_dim, p_on=cfg.a_p_on, noise=cfg.a_noise, generator=rng(seed, "planted"))
     on = (L["m"] > 0).numpy()
     names = [f"c{i}" for i in range(cfg.a_concepts)]
     out = {"seed": seed, "sae": {}}
     Z, labels, dec = {}, {}, {}
     for lay in ("hA", "hB"):
         Xn, _, _ = normalize_inputs(L[lay])
-        sae, hist = train_sae(Xn, cfg.a_sae_latents, cfg.a_sae_k, steps=cfg.a_sae_steps, generator=g)
+        sae, hist = feature_sae(Xn, cfg.a_sae_latents, cfg.a_sae_k, steps=cfg.a_sae_steps, seed=seed, name=("sae", lay))
         Z[lay] = sae_codes(sae, Xn).numpy()
-        out["sae"][lay] = sae_quality(sae, Xn) | {"final_loss": hist.last("fvu", 50)}
+        out["sae"][lay] = topk_sae_quality(sae, Xn) | {"final_loss": hist.last("fvu", 50)}
         labels[lay], _ = label_features(Z[lay], on, names, cfg.a_auroc, cfg.n_min)
         dec[lay] = sae.W_dec.detach().numpy()
     la, lb = labels["hA"], labels["hB"]
@@ -519,7 +456,7 @@ def part_a(cfg: SAEDistanceConfig, seed: int) -> dict:
     LA, LB = [la[i] for i in keepA], [lb[j] for j in keepB]
     ref = Standardizer(L["hB"].numpy(), k=cfg.a_pca)
     R = ref(L["hB"].numpy())
-    perm = np.random.default_rng(seed).permutation(len(R))
+    perm = np_rng(seed, "shuffled-reference").permutation(len(R))
     mA, mB = measures(ZA, R, cfg.a_top_n, cfg.n_min), measures(ZB, R, cfg.a_top_n, cfg.n_min)
     mBs = measures(ZB, R[perm], cfg.a_top_n, cfg.n_min)  # control: B reference states permuted among tokens
     acc = lambda D, hi=False: label_accuracy(match(D, higher_is_closer=hi), LA, LB)
@@ -543,9 +480,8 @@ def part_a(cfg: SAEDistanceConfig, seed: int) -> dict:
 # %% ../nbs/44_sae_distance.ipynb #e6f06e7f
 def part_margin(cfg: SAEDistanceConfig, seed: int, rho: float) -> dict:
     "One seed of A2-margin at twin cosine `rho`: top-1 and twin accuracies of OT and the first moment per support size N."
-    g = torch.Generator().manual_seed(seed)
     L = planted_layers(cfg.a_concepts, cfg.a_tokens, cfg.a_dim, p_on=cfg.a_p_on, noise=cfg.m_noise, twins=cfg.m_twins,
-                       rho=rho, generator=g)
+                       rho=rho, generator=rng(seed, "margin", "planted"))   # the same draws at every rho
     m = L["m"].numpy(); hA, hB = L["hA"].numpy(), L["hB"].numpy()
     half = cfg.a_tokens // 2
     r1, r2 = np.arange(half), np.arange(half, cfg.a_tokens)
@@ -554,14 +490,14 @@ def part_margin(cfg: SAEDistanceConfig, seed: int, rho: float) -> dict:
     RA = ridge_map(hA[r1], R[r1])(hA)
     K = cfg.a_concepts
     twin = {c: c ^ 1 for c in range(2 * cfg.m_twins)}
-    rng = np.random.default_rng(seed)
+    npg = np_rng(seed, "margin", "subsample")
     out = {"seed": seed, "rho": rho, "N": list(cfg.m_ns), "acc": {}, "twin": {}}
     for kind in ("ot", "mean"):
         out["acc"][kind], out["twin"][kind] = [], []
     for N in cfg.m_ns:
         mA, mB = [], []
         for c in range(K):
-            sa, sb = subsample_support(m[r1, c], N, rng), subsample_support(m[r2, c], N, rng)
+            sa, sb = subsample_support(m[r1, c], N, npg), subsample_support(m[r2, c], N, npg)
             mA.append(None if sa is None else (RA[r1[sa[0]]], sa[1]))
             mB.append(None if sb is None else (R[r2[sb[0]]], sb[1]))
         for kind in ("ot", "mean"):
@@ -630,9 +566,9 @@ def part_b(cfg: SAEDistanceConfig, seed: int, progress: bool = False) -> dict:
     "One seed of Part B: train the addition transformer and per-layer SAEs; cross-layer matching, circuit, supernodes, ablations."
     from genlab.lm import CharTokenizer, LMHandle, TinyGPT, TinyGPTConfig
     from sklearn.metrics import adjusted_rand_score
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    seq, conc, tr, te = addition_data(g)
+    set_seed(stream_seed(seed, "addition", "init"))  # TinyGPT's layers initialise from the global RNG and take no generator
+    seq, conc, tr, te = addition_data(rng(seed, "addition", "split"))
+    gb = rng(seed, "addition", "batches")
     tok = CharTokenizer("0123456789+=")
     model = TinyGPT(TinyGPTConfig(vocab_size=tok.vocab_size, d_model=cfg.b_d, n_layers=cfg.b_layers, n_heads=cfg.b_heads,
                                   max_len=9, mlp_ratio=4))
@@ -643,7 +579,7 @@ def part_b(cfg: SAEDistanceConfig, seed: int, progress: bool = False) -> dict:
     val_acc = []
 
     def loss_fn(step):
-        b = seq[tr_fit[torch.randint(0, len(tr_fit), (128,), generator=g)]]
+        b = seq[tr_fit[torch.randint(0, len(tr_fit), (128,), generator=gb)]]
         return {"ce": addition_loss(model(b), b)}
 
     def stop_when_solved(step, h):  # early stop once held-out validation exact match reaches 99.5%
@@ -664,15 +600,16 @@ def part_b(cfg: SAEDistanceConfig, seed: int, progress: bool = False) -> dict:
     saes, Z, norm, out["sae"] = {}, {}, {}, {}
     for l in L:
         Xn, mu, sc = normalize_inputs(X[l])
-        saes[l], h = train_sae(Xn, cfg.b_sae_latents, cfg.b_sae_k, steps=cfg.b_sae_steps, batch_size=cfg.c_batch, generator=g)
+        saes[l], h = feature_sae(Xn, cfg.b_sae_latents, cfg.b_sae_k, steps=cfg.b_sae_steps, batch_size=cfg.c_batch,
+                                 seed=seed, name=("sae", l))
         Z[l] = sae_codes(saes[l], Xn).numpy(); norm[l] = (mu, sc)
-        out["sae"][l] = sae_quality(saes[l], Xn, torch.as_tensor(Z[l]))
+        out["sae"][l] = topk_sae_quality(saes[l], Xn)
     C, names = concept_table(conc, tr)
     labels = {l: label_features(Z[l], C, names, cfg.a_auroc, cfg.n_min)[0] for l in L}
     out["n_labeled"] = {l: sum(x is not None for x in labels[l]) for l in L}
     ref = Standardizer(X[L[-1]].numpy(), k=cfg.b_pca)
     R = ref(X[L[-1]].numpy())
-    perm = np.random.default_rng(seed).permutation(len(R))
+    perm = np_rng(seed, "shuffled-reference").permutation(len(R))
     meas = {l: measures(Z[l], R, cfg.b_top_n, cfg.n_min) for l in L}
     meas_shuf = {l: measures(Z[l], R[perm], cfg.b_top_n, cfg.n_min) for l in L}
     dec = {l: saes[l].W_dec.detach().numpy() for l in L}
@@ -735,17 +672,17 @@ def part_b(cfg: SAEDistanceConfig, seed: int, progress: bool = False) -> dict:
     dvec = np.stack([dec[l][f] for l, f in nodes])
     Dcos = 1 - decoder_cosine(dvec, dvec)
     sn_dec = supernodes(Dcos, n_clusters=sn["n_clusters"])
-    rng = np.random.default_rng(seed + 1)
-    p = rng.permutation(len(nodes))
+    npg = np_rng(seed, "supernode-controls")
+    p = npg.permutation(len(nodes))
     sn_perm = supernodes(Dn[np.ix_(p, p)], n_clusters=sn["n_clusters"])
-    rand_lab = rng.permutation(sn["labels"])
+    rand_lab = npg.permutation(sn["labels"])
     truth = [node_labels[i] for i in lab_idx]
     ari = lambda lab: float(adjusted_rand_score(truth, np.asarray(lab)[lab_idx])) if len(lab_idx) >= 2 else float("nan")
     out["ari"] = {"ot": ari(sn["labels"]), "decoder_cosine": ari(sn_dec["labels"]), "permuted_D": ari(sn_perm["labels"]),
                   "random_partition": ari(rand_lab)}
     # shuffled-entries control for the compression ratio: the same off-diagonal values at random places
     iu = np.triu_indices(len(Dn), 1)
-    Ds = np.zeros_like(Dn); Ds[iu] = rng.permutation(Dn[iu]); Ds = Ds + Ds.T
+    Ds = np.zeros_like(Dn); Ds[iu] = npg.permutation(Dn[iu]); Ds = Ds + Ds.T
     out["compression_shuffled"] = supernodes(Ds)["compression"]
     # ---- ablation of supernodes ----
     zbar = {l: Z[l].mean(0) for l in L}
@@ -786,7 +723,7 @@ def part_b(cfg: SAEDistanceConfig, seed: int, progress: bool = False) -> dict:
     ab = ablate([nodes[i] for i in carry_sn])
     rand_drops = []
     for _ in range(20):
-        pick = rng.choice(others, size=min(len(carry_sn), len(others)), replace=False)
+        pick = npg.choice(others, size=min(len(carry_sn), len(others)), replace=False)
         rand_drops.append(base["carry"] - ablate([nodes[i] for i in pick])["carry"])
     out["carry_supernode"] = {"members": [nodes[i] for i in carry_sn], "labels": [node_labels[i] for i in carry_sn],
                               "carry_share": frac, "carry_majority": bool(majority),
@@ -892,30 +829,29 @@ def lm_cache(cfg: SAEDistanceConfig, handle) -> dict:
 
 def part_c(cfg: SAEDistanceConfig, seed: int, cache: dict, handle, circuit: bool = False, progress: bool = False) -> dict:
     "One seed of Part C on cached SmolLM2 states: SAEs per layer, OT vs baselines judged by held-out (S3) agreement; optionally the real circuit's supernodes."
-    g = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
+    npg = np_rng(seed, "features")
     src, near, far = cfg.c_layers
     S1, S2, S3 = cache["S1"], cache["S2"], cache["S3"]
     n1, n2 = len(S1["tokens"]), len(S2["tokens"])
     ref = Standardizer(torch.cat([S1[cfg.c_ref_layer], S2[cfg.c_ref_layer]]).numpy(), k=cfg.c_pca)
     R1, R2 = ref(S1[cfg.c_ref_layer].numpy()), ref(S2[cfg.c_ref_layer].numpy())
-    R2_shuf = R2[rng.permutation(n2)]
+    R2_shuf = R2[npg.permutation(n2)]
     out = {"seed": seed, "sae": {}, "pairs": {}}
     saes, norm, Z = {}, {}, {}
     t0 = time.perf_counter()
     for l in (src, near, far):
         Xfit = torch.cat([S1[l], S2[l]])
         Xn, mu, sc = normalize_inputs(Xfit)
-        saes[l], hist = train_sae(Xn, cfg.c_sae_latents, cfg.c_sae_k, steps=cfg.c_sae_steps, batch_size=cfg.c_batch,
-                                  generator=g, progress=progress)
+        saes[l], hist = feature_sae(Xn, cfg.c_sae_latents, cfg.c_sae_k, steps=cfg.c_sae_steps, batch_size=cfg.c_batch,
+                                    seed=seed, name=("sae", l), progress=progress)
         norm[l] = (mu, sc)
         Z[l] = {s: sae_codes(saes[l], (st[l] - mu) / sc).numpy() for s, st in (("S1", S1), ("S2", S2), ("S3", S3))}
-        out["sae"][l] = sae_quality(saes[l], Xn, torch.as_tensor(np.vstack([Z[l]["S1"], Z[l]["S2"]])))
-        out["sae"][l]["fvu_S3"] = sae_quality(saes[l], (S3[l] - mu) / sc, torch.as_tensor(Z[l]["S3"]))["fvu"]
+        out["sae"][l] = topk_sae_quality(saes[l], Xn)
+        out["sae"][l]["fvu_S3"] = topk_sae_quality(saes[l], (S3[l] - mu) / sc)["fvu"]
     out["sae_seconds"] = time.perf_counter() - t0
     act = lambda l, s: (Z[l][s] > 0).sum(0)
     elig_f = np.flatnonzero((act(src, "S1") >= cfg.n_min) & (act(src, "S3") >= cfg.n_min))
-    feats = np.sort(rng.choice(elig_f, size=min(cfg.c_features, len(elig_f)), replace=False))
+    feats = np.sort(npg.choice(elig_f, size=min(cfg.c_features, len(elig_f)), replace=False))
     out["features"], out["n_eligible_source"] = feats, len(elig_f)
     out["ctx_f"] = [context_of(cache, "S1", int(np.argmax(Z[src]["S1"][:, f])), handle) for f in feats]
     mf = measures(Z[src]["S1"][:, feats], R1, cfg.c_top_n, cfg.n_min)
@@ -924,7 +860,7 @@ def part_c(cfg: SAEDistanceConfig, seed: int, cache: dict, handle, circuit: bool
     for tgt in (near, far):
         t0 = time.perf_counter()
         elig = np.flatnonzero((act(tgt, "S2") >= cfg.n_min) & (act(tgt, "S3") >= cfg.n_min))
-        cands = np.sort(rng.choice(elig, size=min(cfg.c_candidates, len(elig)), replace=False))
+        cands = np.sort(npg.choice(elig, size=min(cfg.c_candidates, len(elig)), replace=False))
         mg = measures(Z[tgt]["S2"][:, cands], R2, cfg.c_top_n, cfg.n_min)
         tok_g = [S2["tokens"].numpy()[feature_support(Z[tgt]["S2"][:, c], cfg.c_top_n)[0]] for c in cands]
         rho3 = pearson_matrix(Z[src]["S3"][:, feats], Z[tgt]["S3"][:, cands])
@@ -1012,18 +948,18 @@ def context_of(cache: dict, split: str, row: int, handle, width: int = 8) -> str
 # %% ../nbs/44_sae_distance.ipynb #35cee5a5
 def bench_distances(ns=(32, 64, 128, 256), ks=(16, 32), pairs: int = 20, sinkhorn_ns=(256, 512), seed: int = 0) -> list[dict]:
     "Exact-EMD pairs/s per (N, k), and Sinkhorn's time and relative error against exact EMD per N."
-    rng = np.random.default_rng(seed)
+    npg = np_rng(seed, "bench")
     rows = []
     for k in ks:
         for n in ns:
-            ms = [(rng.normal(size=(n, k)), rng.dirichlet(np.ones(n))) for _ in range(2 * pairs)]
+            ms = [(npg.normal(size=(n, k)), npg.dirichlet(np.ones(n))) for _ in range(2 * pairs)]
             t0 = time.perf_counter()
             for i in range(pairs):
                 wasserstein(*ms[2 * i], *ms[2 * i + 1])
             dt = time.perf_counter() - t0
             rows.append({"solver": "exact", "N": n, "k": k, "pairs_per_s": pairs / dt})
     for n in sinkhorn_ns:
-        (U, wu), (V, wv) = [(rng.normal(size=(n, 16)) + s, rng.dirichlet(np.ones(n))) for s in (0.0, 0.3)]
+        (U, wu), (V, wv) = [(npg.normal(size=(n, 16)) + s, npg.dirichlet(np.ones(n))) for s in (0.0, 0.3)]
         t0 = time.perf_counter(); ex = wasserstein(U, wu, V, wv); t_ex = time.perf_counter() - t0
         t0 = time.perf_counter(); sk = wasserstein(U, wu, V, wv, solver="sinkhorn"); t_sk = time.perf_counter() - t0
         rows.append({"solver": "sinkhorn vs exact", "N": n, "k": 16, "exact_s": t_ex, "sinkhorn_s": t_sk, "rel_error": abs(sk - ex) / ex})

@@ -22,6 +22,22 @@ def test_wasserstein_matches_pot_and_brute_force():
     assert math.isclose(sd.wasserstein(U, wu, V, wv), math.sqrt(ot.emd2(wu, wv, C)), rel_tol=1e-9)
 
 
+def test_auto_solver_is_exact_emd_below_the_crossover_and_sinkhorn_past_it():
+    import ot
+    rng = np.random.default_rng(10)
+    U, V = rng.normal(size=(7, 3)), rng.normal(size=(6, 3)) + 0.5
+    wu, wv = rng.dirichlet(np.ones(7)), rng.dirichlet(np.ones(6))
+    C = ot.dist(U, V)
+    exact = math.sqrt(ot.emd2(wu, wv, C))
+    assert math.isclose(sd.wasserstein(U, wu, V, wv), exact, rel_tol=1e-12)                       # default 'auto'
+    assert math.isclose(sd.wasserstein(U, wu, V, wv, sinkhorn_from=8), exact, rel_tol=1e-12)       # below the size
+    sk = math.sqrt(ot.sinkhorn2(wu, wv, C, 0.05 * np.median(C), method="sinkhorn_log", numItermax=2000))
+    assert math.isclose(sd.wasserstein(U, wu, V, wv, sinkhorn_from=7), sk, rel_tol=1e-12)          # from the size on
+    assert sk >= exact - 1e-9                                       # the entropic plan costs at least the optimal one
+    with pytest.raises(ParameterError, match="auto"):
+        sd.wasserstein(U, wu, V, wv, solver="lp")
+
+
 def test_wasserstein_gaussian_closed_form_1d():
     from scipy.stats import norm
     n = 400
@@ -135,14 +151,18 @@ def test_supernodes_recover_clusters_and_cut():
     assert sd.supernodes(np.ones((5, 5)) - np.eye(5))["n_clusters"] >= 2  # flat dendrogram: still >= 2 clusters
 
 
-def test_topk_sae_sparsity_and_decoder_norm():
-    g = torch.Generator().manual_seed(0)
-    X = torch.randn(500, 6, generator=g)
-    sae, hist = sd.train_sae(X, 12, 2, steps=50, generator=g)
-    Z = sd.sae_codes(sae, X)
-    assert int((Z > 0).sum(1).max()) <= 2 and (Z >= 0).all()
+def test_feature_sae_settings_and_streams():
+    X = torch.randn(500, 6, generator=torch.Generator().manual_seed(0))
+    sae, hist = sd.feature_sae(X, 12, 2, steps=50, seed=0, name=("t",))
+    Z = sd.sae_codes(sae, X, chunk=128)
+    assert torch.equal(Z, sae.encode(X))                                   # chunked codes = one pass
+    assert int((Z > 0).sum(1).max()) <= 2 and (Z >= 0).all()               # ReLU before TopK: at most k, non-negative
     assert torch.allclose(sae.W_dec.norm(dim=1), torch.ones(12), atol=1e-5)
     assert sae.encode(X[:4, None].expand(4, 3, 6)).shape == (4, 3, 12)
+    again, _ = sd.feature_sae(X, 12, 2, steps=50, seed=0, name=("t",))
+    other, _ = sd.feature_sae(X, 12, 2, steps=50, seed=0, name=("u",))
+    assert torch.equal(sae.W_dec, again.W_dec) and not torch.equal(sae.W_dec, other.W_dec)
+    assert {"fvu", "aux", "dead_frac"} <= set(hist.losses)
 
 
 def test_planted_twins_and_addition_data():
