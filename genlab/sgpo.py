@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from .core import ParameterError, check_choice, check_range, param, resolve, rng, set_seed, stream_seed
 from .data import load_movielens100k
 from .metrics import entropy_from_logits, rank_metrics
+from .parts import mlp
 from .train import fit
 
 # %% auto #0
@@ -201,12 +202,13 @@ def split_sequences(seqs: list, ctx_len: int) -> dict:
 class RQVAE(nn.Module):
     "MLP autoencoder with L residual codebooks of K codes (eq. 3)."
 
-    def __init__(self, d_in: int, K: int, L: int, d_z: int = 8, hidden: int = 64):
+    def __init__(self, d_in: int, K: int, L: int, d_z: int = 8, hidden: int = 64, *,
+                 generator: torch.Generator):  # draws every initial weight and codebook
         super().__init__()
         self.K, self.L = K, L
-        self.enc = nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, 32), nn.GELU(), nn.Linear(32, d_z))
-        self.dec = nn.Sequential(nn.Linear(d_z, 32), nn.GELU(), nn.Linear(32, hidden), nn.GELU(), nn.Linear(hidden, d_in))
-        self.codebooks = nn.Parameter(torch.randn(L, K, d_z) * 0.1)
+        self.enc = mlp([d_in, hidden, 32, d_z], act="gelu", generator=generator)
+        self.dec = mlp([d_z, 32, hidden, d_in], act="gelu", generator=generator)
+        self.codebooks = nn.Parameter(torch.randn(L, K, d_z, generator=generator) * 0.1)
 
     def quantise(self, z):  # (n, d_z)
         "Residual quantisation, eq. (3): codes (n, L), residuals (n, L, d_z), quantised latent (n, d_z)."
@@ -227,9 +229,9 @@ class RQVAE(nn.Module):
 
 def train_rqvae(f: torch.Tensor, K: int, L: int, *, d_z: int = 8, steps: int = 600, batch: int = 256,
                 generator: torch.Generator, progress: bool = True) -> tuple[RQVAE, object]:
-    "Train the RQ-VAE with k-means init and dead-code reset through `fit`; return (model, history)."
+    "Train the RQ-VAE with k-means init and dead-code reset through `fit`; return (model, history). `generator` draws all of it."
     from sklearn.cluster import KMeans
-    model = RQVAE(f.shape[1], K, L, d_z)
+    model = RQVAE(f.shape[1], K, L, d_z, generator=generator)
     km_seed = int(torch.randint(0, 2 ** 31 - 1, (), generator=generator))   # k-means init, drawn from the run's stream
     n = f.shape[0]
     usage = torch.zeros(L, K)
