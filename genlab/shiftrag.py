@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .core import ParameterError, check_choice, check_range, np_rng, param, rng, set_seed, stream_seed
 from .lm import LMHandle, TinyGPT, TinyGPTConfig, WordTokenizer, cache_dir, pad_sequences, train_tinygpt
+from .parts import mlp
 from .train import ValidationMonitor, budget, fit
 
 # %% auto #0
@@ -631,13 +632,7 @@ class SoftProjector(nn.Module):
         super().__init__()
         hidden = hidden or d
         self.m, self.d = m, d
-        self.net = nn.Sequential(nn.Linear(f_in, hidden), nn.GELU(), nn.Linear(hidden, m * d))
-        if generator is not None:   # torch's default Linear law, drawn from `generator`
-            for lin in (self.net[0], self.net[2]):
-                bound = 1 / math.sqrt(lin.in_features)
-                with torch.no_grad():
-                    lin.weight.uniform_(-bound, bound, generator=generator)
-                    lin.bias.uniform_(-bound, bound, generator=generator)
+        self.net = mlp([f_in, hidden, m * d], act="gelu", generator=generator)
         self.log_scale = nn.Parameter(torch.tensor(float(math.log(target_norm))))
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:  # (b, k, F)
