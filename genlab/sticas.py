@@ -30,8 +30,8 @@ __all__ = ['PRESETS', 'CONCEPTS', 'CONCEPT_NAMES', 'SMOL_SUBJECTS', 'SMOL_SETS',
 # %% ../nbs/40_sticas.ipynb #2e0dc652
 @dataclass(frozen=True)
 class StiCASConfig:
-    seed: int = param(0, lo=0, help="run seed; the seeds of a run are seed*100 + 0..n_seeds-1")
-    n_seeds: int = param(3, lo=1, help="seeds per run (each re-draws corpus, LM init, frames, prompts and noise)")
+    seed: int = param(0, lo=0, help="run seed; replicate i of a run takes the seed stream_seed(seed, \"replicate\", i)")
+    n_seeds: int = param(3, lo=1, help="replicates per run (each re-draws corpus, LM init, frames, prompts and noise)")
     threads: int = param(1, lo=1, help="torch threads (1 is fastest for small models on a shared CPU)")
     # synthetic grammar + TinyGPT
     n_concepts: int = param(10, lo=2, help="concepts steered (the first n of the grammar's 10)")
