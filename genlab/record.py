@@ -174,8 +174,10 @@ def _health_ok(value, target: float, direction: str) -> bool:
 
 
 def _refuse(name: str, spec: dict, exact: str | None):
-    "Raise `ClaimRefused` for a control that cannot fail or a deterministic claim not declared exact."
-    from genlab.stats import ClaimRefused, control_problem, spec_statistic
+    "Raise `ClaimRefused` for a control that cannot fail or a deterministic claim not declared exact (from 3 seeds on)."
+    from genlab.stats import MIN_SEEDS, ClaimRefused, control_problem, spec_statistic
+    if spec_statistic(spec).size < MIN_SEEDS:
+        return  # one or two seeds (a smoke run): equal values may be chance; the record marks the control refused
     problem = control_problem(spec)
     if problem:
         raise ClaimRefused(f"claim {name!r}: control {spec['control'].get('name', '')!r} is refused: {problem}; "

@@ -58,10 +58,14 @@ def test_paper_refuses_controls_that_cannot_fail_and_deterministic_claims():
         c.paper("same", [1.2, 1.3, 1.25], threshold=1.0, direction=">",
                 control={"name": "treatment again", "values": [1.2, 1.3, 1.25]})
     with pytest.raises(ClaimRefused, match="'b-b'.*itself"):
-        c.paper("b-b", [1.2, 1.3], baseline=[1.0, 1.1], stat="diff", threshold=0.1, direction=">",
-                control={"name": "baseline vs itself", "values": [1.0, 1.1]})
+        c.paper("b-b", [1.2, 1.3, 1.4], baseline=[1.0, 1.1, 1.2], stat="diff", threshold=0.1, direction=">",
+                control={"name": "baseline vs itself", "values": [1.0, 1.1, 1.2]})
     with pytest.raises(ClaimRefused, match="'const'.*constant"):
-        c.paper("const", [1.2, 1.3], threshold=1.0, direction=">", control={"name": "zero", "values": [0.0, 0.0]})
+        c.paper("const", [1.2, 1.3, 1.4], threshold=1.0, direction=">", control={"name": "zero", "values": [0.0, 0.0, 0.0]})
+    # with two seeds (a smoke run) equal counts can be chance: recorded, control marked refused, claim unresolved
+    assert c.paper("two seeds", [0.0, 0.0], threshold=1.0, direction="<", control={"name": "k0", "values": [0.0, 0.0]}) \
+        == "unresolved"
+    assert c["two seeds"]["control"]["verdict"] == "refused" and c["two seeds"]["reason"] == "control undecided"
     with pytest.raises(ClaimRefused, match="'rank'.*deterministic|'rank'.*sanity"):
         c.paper("rank", [6.0, 6.0, 6.0], threshold=5.0, direction=">", control={"name": "c", "values": [4.0, 3.9, 4.1]})
     assert c.paper("rank", [6.0, 6.0, 6.0], threshold=5.0, direction=">", exact="an integer rank: the same on every seed",
