@@ -20,12 +20,12 @@ from .parts import linear, mlp, time_embedding
 from .train import History, ValidationMonitor, fit
 
 # %% auto #0
-__all__ = ['SECTIONS', 'PRESETS', 'HeatConfig', 'grid_adjacency', 'laplacian', 'check_laplacian', 'HeatProcess', 'matched_sigma2',
-           'heat_process', 'rayleigh_quotient', 'spectral_power', 'spectral_power_error', 'analytic_corr', 'log_snr',
-           'TSampler', 'GaussianDenoiser', 'SnappedTSampler', 'ResidualDenoiser', 'digits_splits', 'PCAFD',
-           'make_processes', 'euler_maruyama', 'mc_bridge_regression', 'empirical_corr', 'embed_t', 'MLPDenoiser',
-           'GCNDenoiser', 'heat_loss', 'FixedPairs', 'Trained', 'train_denoiser', 'sample_ancestral', 'sample_ode',
-           'sample', 'denoising_error', 'sbm_graph', 'sbm_signals', 'community_gap']
+__all__ = ['SECTIONS', 'PRESETS', 'T_FREQS', 'HeatConfig', 'grid_adjacency', 'laplacian', 'check_laplacian', 'HeatProcess',
+           'matched_sigma2', 'heat_process', 'rayleigh_quotient', 'spectral_power', 'spectral_power_error',
+           'analytic_corr', 'log_snr', 'TSampler', 'GaussianDenoiser', 'SnappedTSampler', 'ResidualDenoiser',
+           'digits_splits', 'PCAFD', 'make_processes', 'euler_maruyama', 'mc_bridge_regression', 'empirical_corr',
+           'MLPDenoiser', 'GCNDenoiser', 'heat_loss', 'FixedPairs', 'Trained', 'train_denoiser', 'sample_ancestral',
+           'sample_ode', 'sample', 'denoising_error', 'sbm_graph', 'sbm_signals', 'community_gap']
 
 # %% ../nbs/13_heat_diffusion.ipynb #8577eb0d
 SECTIONS = ("all", "closed_form", "e1", "e2", "decoder")
@@ -485,9 +485,7 @@ def empirical_corr(proc: HeatProcess, x1: torch.Tensor,  # (b, n) clean signals
     return (ht * h1).sum(0) / (ht.norm(dim=0) * h1.norm(dim=0))
 
 # %% ../nbs/13_heat_diffusion.ipynb #3d1f4cd6
-def embed_t(t: torch.Tensor, n_freq: int = 16) -> torch.Tensor:
-    "The core's sinusoidal embedding of t ∈ [0, 1] (float32) at `n_freq` geometric frequencies from π to 1000π → (b, 2·n_freq)."
-    return time_embedding(t.float(), 2 * n_freq, low=math.pi, high=1000 * math.pi)
+T_FREQS = (math.pi, 1000 * math.pi)  # lowest and highest frequency of the t-embedding (the core's `time_embedding`)
 
 
 class MLPDenoiser(nn.Module):
@@ -500,7 +498,8 @@ class MLPDenoiser(nn.Module):
         self.net = mlp([n + 2 * n_freq] + [hidden] * n_layers + [n], generator=generator)
 
     def forward(self, xt: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # (b, n), (b,) -> (b, n)
-        return self.net(torch.cat([xt, embed_t(t, self.n_freq)], 1))
+        e = time_embedding(t.float(), 2 * self.n_freq, low=T_FREQS[0], high=T_FREQS[1])
+        return self.net(torch.cat([xt, e], 1))
 
 
 class GCNDenoiser(nn.Module):
@@ -525,7 +524,7 @@ class GCNDenoiser(nn.Module):
 
     def forward(self, xt: torch.Tensor, t: torch.Tensor) -> torch.Tensor:  # (b, n), (b,) -> (b, n)
         b, n = xt.shape
-        e = embed_t(t, self.n_freq)
+        e = time_embedding(t.float(), 2 * self.n_freq, low=T_FREQS[0], high=T_FREQS[1])
         h = self.inp(torch.cat([xt[..., None], self.node.expand(b, n, -1)], -1))  # (b, n, hidden)
         for w1, w2, film in zip(self.w1, self.w2, self.film):
             msg = torch.matmul(self.A_hat, w1(h))  # Â H W1
