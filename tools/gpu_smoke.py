@@ -10,6 +10,8 @@ Two modes, because no notebook chooses a device itself (`genlab.core.get_device(
 
 - `asis`: the notebook as written, with `GENLAB_DEVICE` set. The table says whether CUDA was used at all
   (peak CUDA memory of the process).
+- `host`: as `default`, but `.numpy()` on a device tensor goes through `.cpu()` (and is counted), to see
+  what breaks after the numpy round trips.
 - `default`: the process computes on `get_device()`: `torch.set_default_device(get_device())` and
   `genlab.core.rng(...)` draws on that device unless told otherwise. This is what a device-following
   notebook would do; what breaks here (a generator or tensor made on the CPU, a numpy round trip, a dtype)
@@ -36,15 +38,32 @@ ROOT = Path(__file__).resolve().parents[1]
 NB_NAME = re.compile(r"^(\d\d[a-z]?)_(\w+)\.ipynb$")
 CORE_CHEAP = ("00_core", "01_data", "02_train", "02a_parts", "03_metrics", "05a_stats")
 
-PRELUDE = {
-    "asis": """
-import os, atexit, json, torch
+REPORT = """
+try:
+    from IPython.display import display  # a builtin in a Jupyter kernel
+except ImportError:
+    display = print
+_genlab_host_copies = [0]
 def _genlab_smoke_report():
     used = torch.cuda.is_available() and torch.cuda.is_initialized()
     peak = torch.cuda.max_memory_allocated() if used else 0
-    print("GENLAB_SMOKE_DEVICE " + json.dumps({"cuda_initialised": bool(used), "cuda_peak_bytes": int(peak)}), flush=True)
+    print("GENLAB_SMOKE_DEVICE " + json.dumps({"cuda_initialised": bool(used), "cuda_peak_bytes": int(peak),
+          "numpy_round_trips": _genlab_host_copies[0]}), flush=True)
 atexit.register(_genlab_smoke_report)
-""",
+"""
+HOST = """
+_genlab_numpy = torch.Tensor.numpy
+def _genlab_numpy_via_host(self, *args, **kwargs):  # count .numpy() on a device tensor, then do it through .cpu()
+    if self.device.type != "cpu":
+        _genlab_host_copies[0] += 1
+        return _genlab_numpy(self.detach().cpu(), *args, **kwargs)
+    return _genlab_numpy(self, *args, **kwargs)
+torch.Tensor.numpy = _genlab_numpy_via_host
+"""
+PRELUDE = {
+    "asis": """
+import os, atexit, json, torch
+""" + REPORT,
     "default": """
 import os, atexit, json, torch
 import genlab.core as _genlab_core
@@ -55,13 +74,9 @@ def _genlab_rng_on_device(seed, *names, device=None):
     return _genlab_rng(seed, *names, device=_genlab_dev if device is None else device)
 _genlab_rng_on_device.__doc__ = _genlab_rng.__doc__
 _genlab_core.rng = _genlab_rng_on_device
-def _genlab_smoke_report():
-    used = torch.cuda.is_available() and torch.cuda.is_initialized()
-    peak = torch.cuda.max_memory_allocated() if used else 0
-    print("GENLAB_SMOKE_DEVICE " + json.dumps({"cuda_initialised": bool(used), "cuda_peak_bytes": int(peak)}), flush=True)
-atexit.register(_genlab_smoke_report)
-""",
+""" + REPORT,
 }
+PRELUDE["host"] = PRELUDE["default"] + HOST  # default, with .numpy() on a device tensor done through the host (counted)
 
 
 def notebooks(only: list[str] | None, core: bool) -> list[Path]:
@@ -96,17 +111,16 @@ for _genlab_i, _genlab_src in _genlab_cells:
 def script_of(nb: Path, mode: str, params: dict) -> str:
     "A script that runs the notebook's code cells one by one (each compiled on its own, as a kernel does) after a prelude."
     cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+    try:  # magics become get_ipython() calls, as in a kernel (they then fail here: no notebook uses them)
+        from IPython.core.inputtransformer2 import TransformerManager
+        transform = TransformerManager().transform_cell
+    except ImportError:
+        transform = lambda src: src  # noqa: E731
     code = []
     for i, c in enumerate(cells):
         if c["cell_type"] != "code":
             continue
-        lines = []
-        for line in "".join(c["source"]).splitlines():
-            s = line.lstrip()
-            if s.startswith(("%", "!")):  # IPython magics and shell escapes have no meaning here
-                line = line[: len(line) - len(s)] + "pass  # " + s
-            lines.append(line)
-        code.append((i, "\n".join(lines) + "\n"))
+        code.append((i, transform("".join(c["source"]) + "\n")))
         if "parameters" in c.get("metadata", {}).get("tags", []) and params:
             code.append((f"{i}-injected", "".join(f"{k} = {v!r}\n" for k, v in params.items())))
     return PRELUDE[mode] + f"\n_genlab_cells = {code!r}\n" + RUNNER
@@ -216,15 +230,16 @@ def unit_checks(device: str, out: Path) -> list[dict]:
 
 def table(rows: list[dict], device: str) -> str:
     out = [f"GPU smoke: device {device}; modes: asis = notebook as written with GENLAB_DEVICE set, "
-           "default = torch default device and genlab.core.rng on get_device()", "",
-           "| notebook | mode | params | status | seconds | CUDA peak MiB | error (last line) |",
-           "|---|---|---|---|---|---|---|"]
+           "default = torch default device and genlab.core.rng on get_device(), host = default with .numpy() through .cpu()", "",
+           "| notebook | mode | params | status | seconds | CUDA peak MiB | .numpy() on device | error (last line) |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["notebook"], r["mode"] != "asis", json.dumps(r["params"]))):
         peak = r.get("cuda_peak_bytes")
         peak = "" if peak is None else f"{peak / 2**20:.0f}"
         prm = ", ".join(f"{k}={v}" for k, v in r["params"].items())
         err = (f"[cell {r['cell']}] " if r.get("cell") else "") + r["error"].replace("|", "\\|")
-        out.append(f"| {r['notebook']} | {r['mode']} | {prm} | {r['status']} | {r['seconds']} | {peak} | {err} |")
+        out.append(f"| {r['notebook']} | {r['mode']} | {prm} | {r['status']} | {r['seconds']} | {peak} | "
+                   f"{r.get('numpy_round_trips', '') if r['mode'] == 'host' else ''} | {err} |")
     return "\n".join(out) + "\n"
 
 
