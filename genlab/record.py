@@ -174,7 +174,7 @@ def _health_ok(value, target: float, direction: str) -> bool:
 
 
 def _refuse(name: str, spec: dict, exact: str | None):
-    "Raise `ClaimRefused` for a control that cannot fail or a deterministic claim not declared exact (from 3 seeds on)."
+    "Raise `ClaimRefused` for a control that cannot fail (from 3 seeds on)."
     from genlab.stats import MIN_SEEDS, ClaimRefused, control_problem, spec_statistic
     if spec_statistic(spec).size < MIN_SEEDS:
         return  # one or two seeds (a smoke run): equal values may be chance; the record marks the control refused
@@ -182,10 +182,7 @@ def _refuse(name: str, spec: dict, exact: str | None):
     if problem:
         raise ClaimRefused(f"claim {name!r}: control {spec['control'].get('name', '')!r} is refused: {problem}; "
                            "a control is a different run with the mechanism removed, judged on the claim's threshold")
-    s = spec_statistic(spec)
-    if s.size >= 3 and np.ptp(s) == 0 and not exact:
-        raise ClaimRefused(f"claim {name!r}: its per-seed values are all {s[0]:.6g} over {s.size} seeds: a deterministic "
-                           "fact is a sanity check (claims.sanity), or declare it exact=\"why\" to keep it a paper claim")
+
 
 # %% ../nbs/06_record.ipynb #0b90e3f8
 class Claims:
@@ -273,6 +270,12 @@ class Claims:
                 "legacy": False, "headline": self.is_headline(name)}
         ctrl = item.get("control")
         ctext = f"; control {ctrl['name']}: {ctrl['verdict']}" if ctrl else ""
+        if item["deterministic"]:  # identical on every seed: refused as a paper claim, kept as a (non-counting) fact
+            item.update(kind="deterministic", verdict="unresolved", ok=False)
+            self._add(item, f"[deterministic] {name}: identical on all {item['estimate']['n']} seeds "
+                            f"({fmt(item['estimate']['mean'])}): refused as a paper claim and not counted; make it a "
+                            "sanity check, or declare exact=\"why\" if the paper's claim is this exact fact")
+            return item["verdict"]
         self._add(item, f"[paper] {name}: {claim_text(item)}{ctext}")
         return item["verdict"]
 
