@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .core import ParameterError, check_choice, check_range, param, rng, stream_seed
 from .metrics import frechet_distance
-from .parts import linear_interpolant, time_embedding
+from .parts import linear, linear_interpolant, mlp, time_embedding
 from .train import EMA, History, fit
 
 # %% auto #0
@@ -315,15 +315,15 @@ def dit_time_frequencies(dim: int) -> tuple[float, float]:
 class AdaLNZeroBlock(nn.Module):
     "A transformer block (attention + MLP) modulated by c through AdaLN-Zero (zero-initialised gates)."
 
-    def __init__(self, width: int, heads: int, mlp_ratio: int = 4):
+    def __init__(self, width: int, heads: int, mlp_ratio: int = 4, generator: torch.Generator | None = None):
         super().__init__()
         self.heads = heads
+        lin = lambda a, b: linear(a, b, generator=generator)  # noqa: E731  torch's default init, drawn from `generator`
         self.norm1 = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
         self.norm2 = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
-        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(approximate="tanh"),
-                                 nn.Linear(mlp_ratio * width, width))
-        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(width, 6 * width))
+        self.qkv, self.proj = lin(width, 3 * width), lin(width, width)
+        self.mlp = nn.Sequential(lin(width, mlp_ratio * width), nn.GELU(approximate="tanh"), lin(mlp_ratio * width, width))
+        self.ada = nn.Sequential(nn.SiLU(), lin(width, 6 * width))
         nn.init.zeros_(self.ada[1].weight); nn.init.zeros_(self.ada[1].bias)
 
     def forward(self, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:  # h (b, L, w), c (b, w)
@@ -340,7 +340,7 @@ class StageDiT(nn.Module):
 
     def __init__(self, channels: int = 1, resolution: int = 8, n_stages: int = 3, patch: int = 2, width: int = 64,
                  depth: int = 4, heads: int = 4, mlp_ratio: int = 4, n_classes: int = 0,
-                 per_stage_embed: bool = False, full_res_stages: bool = False):
+                 per_stage_embed: bool = False, full_res_stages: bool = False, generator: torch.Generator | None = None):
         super().__init__()
         for name, v in (("channels", channels), ("n_stages", n_stages), ("patch", patch), ("width", width),
                         ("depth", depth), ("heads", heads)):
@@ -353,14 +353,21 @@ class StageDiT(nn.Module):
         self.width, self.n_classes, self.full_res_stages = width, n_classes, full_res_stages
         d_in, d_out = 2 * channels * patch * patch, channels * patch * patch
         n_embed = n_stages if per_stage_embed else 1
-        self.embed = nn.ModuleList([nn.Linear(d_in, width) for _ in range(n_embed)])
-        self.t_embed = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
-        self.stage_embed = nn.Embedding(n_stages, width)
-        self.label_embed = nn.Embedding(n_classes + 1, width) if n_classes else None   # index n_classes = null
-        self.blocks = nn.ModuleList([AdaLNZeroBlock(width, heads, mlp_ratio) for _ in range(depth)])
+        lin = lambda a, b: linear(a, b, generator=generator)  # noqa: E731  every weight is drawn from `generator`
+
+        def embedding(n):  # nn.Embedding's N(0, 1) initialisation, drawn from `generator`
+            e = nn.utils.skip_init(nn.Embedding, n, width)
+            with torch.no_grad():
+                e.weight.copy_(torch.randn(n, width, generator=generator))
+            return e
+        self.embed = nn.ModuleList([lin(d_in, width) for _ in range(n_embed)])
+        self.t_embed = mlp([width, width, width], generator=generator)
+        self.stage_embed = embedding(n_stages)
+        self.label_embed = embedding(n_classes + 1) if n_classes else None   # index n_classes = null
+        self.blocks = nn.ModuleList([AdaLNZeroBlock(width, heads, mlp_ratio, generator) for _ in range(depth)])
         self.final_norm = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
-        self.final_ada = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
-        self.out = nn.ModuleList([nn.Linear(width, d_out) for _ in range(n_embed)])
+        self.final_ada = nn.Sequential(nn.SiLU(), lin(width, 2 * width))
+        self.out = nn.ModuleList([lin(width, d_out) for _ in range(n_embed)])
         nn.init.zeros_(self.final_ada[1].weight); nn.init.zeros_(self.final_ada[1].bias)
         for o in self.out:
             nn.init.zeros_(o.weight); nn.init.zeros_(o.bias)
