@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from .core import ParameterError, check_choice, check_range, param, rng, set_seed, stream_seed
+from .core import ParameterError, check_choice, check_range, param, rng
 from .data import sample_ring
 from .metrics import mmd_rbf
 
