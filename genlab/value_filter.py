@@ -95,7 +95,7 @@ class ValueFilterConfig:
 
 PRESETS = {
     "smoke": ValueFilterConfig(a_seeds=2, a_rollouts=20_000, a_taus=(0.1, 0.3, 0.5), b_seeds=1, b_corpus=4000, b_d_model=32,
-                               b_steps=600, b_train_prompts=300, b_rollouts=4, b_test_prompts=300, head_steps=300,
+                               b_steps=600, b_train_prompts=600, b_rollouts=4, b_test_prompts=300, head_steps=300,
                                taus=(0.0, 0.1, 0.2, 0.5), cd_lambdas=(1.0, 4.0), fudge_betas=(1.0,), bon_ns=(2, 4),
                                smollm2=False),
     "full": ValueFilterConfig(sections=("world_a", "world_b", "smollm2")),
