@@ -381,7 +381,8 @@ def execute_point(spec: dict) -> dict:
     rec = {k: spec[k] for k in ("id", "notebook", "source", "parameters", "preset", "seed", "commit", "sweep")}
     from genlab.core import get_device
     rec.update(status="failed", error=None, claims=[], metrics={}, host=socket.gethostname(),
-               device=str(get_device()), run=f"{spec['id']}-{uuid.uuid4().hex[:8]}",  # this execution (the id is the point)  # what the kernel computes on: $GENLAB_DEVICE, else CUDA when present, else CPU
+               device=str(get_device()),  # the device get_device() selects for the kernel ($GENLAB_DEVICE, else CUDA if present)
+               run=f"{spec['id']}-{uuid.uuid4().hex[:8]}",  # this execution (the id is the point: the key for resume)
                threads=spec.get("threads"), started=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     out_text = None
     t0 = time.perf_counter()
