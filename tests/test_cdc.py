@@ -346,3 +346,17 @@ def test_frechet_pca_judge_and_consistency():
     assert 0 <= j.scores(x)["entropy"] <= math.log(2) + 1e-9
     coarse = cdc.downsample(x, 4)
     assert cdc.stage_consistency([coarse, cdc.upsample(coarse, 8)])["mean"] < 1e-10
+
+
+def test_dit_initialisation_drawn_from_the_generator():
+    from genlab.core import rng
+    kw = dict(resolution=8, n_stages=3, patch=2, width=32, depth=1, heads=4, n_classes=3)
+    a, b = (cdc.StageDiT(**kw, generator=rng(0, "init")) for _ in range(2))
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    c = cdc.StageDiT(**kw, generator=rng(1, "init"))
+    assert not torch.equal(a.stage_embed.weight, c.stage_embed.weight) and not torch.equal(a.embed[0].weight, c.embed[0].weight)
+    # the embeddings keep nn.Embedding's N(0, 1) law and the AdaLN-Zero gates and output layers start at zero
+    big = cdc.StageDiT(resolution=8, n_stages=3, patch=2, width=256, depth=1, heads=4, n_classes=40, generator=rng(2, "init"))
+    w = big.label_embed.weight.detach()
+    assert abs(float(w.mean())) < 0.02 and abs(float(w.std()) - 1) < 0.02
+    assert float(big.out[0].weight.abs().max()) == 0 and float(big.blocks[0].ada[1].weight.abs().max()) == 0

@@ -419,3 +419,12 @@ def test_residual_denoiser_skip_is_exact_on_the_tabulated_grid(grid):
     loss = heat_loss(hp, R, x[:64], g, ts)
     loss.backward()
     assert all(p.grad is not None for p in R.net.parameters()) and len(list(R.parameters())) == len(list(R.net.parameters()))
+
+
+def test_denoisers_initialised_from_the_generator():
+    from genlab.core import rng
+    A = grid_adjacency(4, 4)
+    for make in (lambda g: MLPDenoiser(16, 32, 2, generator=g), lambda g: GCNDenoiser(A, 8, 2, head_hidden=16, generator=g)):
+        a, b, c = make(rng(0, "init")), make(rng(0, "init")), make(rng(1, "init"))
+        assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+        assert any(not torch.equal(p, q) for p, q in zip(a.state_dict().values(), c.state_dict().values()))
