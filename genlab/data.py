@@ -51,7 +51,7 @@ def sample_ring(n: int,  # number of points
         return (x, j) if labels else x
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ParameterError(f"generator must be a torch.Generator, a numpy Generator or None, got {type(generator).__name__}")
-    dev = generator.device if generator is not None else torch.device("cpu")
+    dev = generator.device if generator is not None else torch.get_default_device()
     dtype = dtype or torch.float32
     j = torch.randint(0, k, (n,), generator=generator, device=dev)
     angle = j.to(dtype) * (2 * math.pi / k)
@@ -60,15 +60,21 @@ def sample_ring(n: int,  # number of points
     return (x, j) if labels else x
 
 # %% ../nbs/01_data.ipynb #b92df379
+def _draw_device(generator: torch.Generator | None) -> torch.device:
+    "Where a sampler draws: its generator's device, else torch's default device."
+    return generator.device if generator is not None else torch.get_default_device()
+
+
 def sample_moons(n: int, generator: torch.Generator | None = None, *,
                  noise: float = 0.1, scale: float = 3.0) -> torch.Tensor:
     "`n` points from two interleaved half-moons (as sklearn's `make_moons`), centred and scaled: (n, 2)."
     check_range("n", n, 1)
-    upper = torch.rand(n, generator=generator) < 0.5
-    theta = math.pi * torch.rand(n, generator=generator)
+    dev = _draw_device(generator)
+    upper = torch.rand(n, generator=generator, device=dev) < 0.5
+    theta = math.pi * torch.rand(n, generator=generator, device=dev)
     x = torch.where(upper, torch.cos(theta), 1 - torch.cos(theta))
     y = torch.where(upper, torch.sin(theta), 0.5 - torch.sin(theta))
-    pts = torch.stack([x - 0.5, y - 0.25], dim=1) + noise * torch.randn(n, 2, generator=generator)
+    pts = torch.stack([x - 0.5, y - 0.25], dim=1) + noise * torch.randn(n, 2, generator=generator, device=dev)
     return scale * pts
 
 
@@ -76,14 +82,15 @@ def sample_gaussian(n: int, generator: torch.Generator | None = None, *, dim: in
                     std: float = 1.0) -> torch.Tensor:
     "`n` points from an isotropic Gaussian N(0, std² I): (n, dim)."
     check_range("n", n, 1)
-    return std * torch.randn(n, dim, generator=generator)
+    return std * torch.randn(n, dim, generator=generator, device=_draw_device(generator))
 
 
 def sample_checkerboard(n: int, generator: torch.Generator | None = None, *, scale: float = 1.0) -> torch.Tensor:
     "`n` points uniform on the dark squares of a 4x4 checkerboard on [-4, 4]²: (n, 2)."
     check_range("n", n, 1)
-    x1 = torch.rand(n, generator=generator) * 4 - 2
-    x2 = torch.rand(n, generator=generator) - torch.randint(0, 2, (n,), generator=generator).float() * 2
+    dev = _draw_device(generator)
+    x1 = torch.rand(n, generator=generator, device=dev) * 4 - 2
+    x2 = torch.rand(n, generator=generator, device=dev) - torch.randint(0, 2, (n,), generator=generator, device=dev).float() * 2
     x2 = x2 + torch.floor(x1) % 2
     return scale * 2 * torch.stack([x1, x2], dim=1)
 
@@ -92,14 +99,15 @@ def sample_gmm(n: int, means: torch.Tensor, stds: torch.Tensor | float, weights:
                generator: torch.Generator | None = None, return_labels: bool = False):
     "`n` points from a Gaussian mixture with `means` (k, d), per-component `stds` (k,) and `weights` (k,)."
     check_range("n", n, 1)
-    means = torch.as_tensor(means, dtype=torch.float32)
+    dev = means.device if generator is None and isinstance(means, torch.Tensor) else _draw_device(generator)
+    means = torch.as_tensor(means, dtype=torch.float32, device=dev)
     k, d = means.shape
-    stds = torch.as_tensor(stds, dtype=torch.float32).expand(k)
-    w = torch.ones(k) / k if weights is None else torch.as_tensor(weights, dtype=torch.float32)
+    stds = torch.as_tensor(stds, dtype=torch.float32, device=means.device).expand(k)
+    w = torch.ones(k, device=means.device) / k if weights is None else torch.as_tensor(weights, dtype=torch.float32, device=means.device)
     if (w < 0).any() or w.sum() <= 0:
         raise ParameterError(f"weights must be non-negative with a positive sum, got {w.tolist()}")
     c = torch.multinomial(w / w.sum(), n, replacement=True, generator=generator)
-    x = means[c] + stds[c, None] * torch.randn(n, d, generator=generator)
+    x = means[c] + stds[c, None] * torch.randn(n, d, generator=generator, device=means.device)
     return (x, c) if return_labels else x
 
 

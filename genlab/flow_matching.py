@@ -93,10 +93,10 @@ def ot_coupling(x0: torch.Tensor, x1: torch.Tensor) -> tuple[torch.Tensor, torch
     if x0.shape != x1.shape:
         raise ParameterError(f"OT coupling needs equal batch shapes, got {tuple(x0.shape)} and {tuple(x1.shape)}")
     b = x0.shape[0]
-    cost = torch.cdist(x0.double(), x1.double()).pow(2).numpy()
+    cost = torch.cdist(x0.double(), x1.double()).pow(2).cpu().numpy()
     w = np.full(b, 1.0 / b)
     plan = ot.emd(w, w, cost)
-    return x0, x1[torch.as_tensor(plan.argmax(axis=1))]
+    return x0, x1[torch.as_tensor(plan.argmax(axis=1), device=x1.device)]
 
 
 def cfm_loss(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor,
@@ -143,7 +143,7 @@ def sample_euler(model: nn.Module, x0: torch.Tensor, n_steps: int, return_path: 
     x, dt = x0.clone(), 1.0 / n_steps
     path = [x] if return_path else None
     for k in range(n_steps):
-        x = x + dt * model(torch.full((x.shape[0],), k * dt), x)
+        x = x + dt * model(torch.full((x.shape[0],), k * dt, device=x.device), x)
         if return_path:
             path.append(x)
     return (x, torch.stack(path)) if return_path else x
@@ -182,7 +182,7 @@ def exact_ot_cost(x0: torch.Tensor, x1: torch.Tensor) -> float:
     import ot
     if x0.shape != x1.shape:
         raise ParameterError(f"exact_ot_cost needs equal sample shapes, got {tuple(x0.shape)} and {tuple(x1.shape)}")
-    cost = torch.cdist(x0.double(), x1.double()).pow(2).numpy()
+    cost = torch.cdist(x0.double(), x1.double()).pow(2).cpu().numpy()
     w = np.full(len(x0), 1.0 / len(x0))
     return float(ot.emd2(w, w, cost, numItermax=10_000_000))
 

@@ -56,7 +56,8 @@ def sliced_w2(x: torch.Tensor, y: torch.Tensor, n_proj: int = 256,
     _check_xy(x, y)
     if len(x) != len(y):
         raise ParameterError(f"sliced_w2 needs equal sample sizes; got {len(x)} and {len(y)}")
-    theta = torch.randn(x.shape[1], n_proj, generator=generator, dtype=torch.float64)
+    theta = torch.randn(x.shape[1], n_proj, generator=generator, dtype=torch.float64,
+                        device=generator.device if generator is not None else x.device).to(x.device)
     theta = theta / theta.norm(dim=0, keepdim=True)
     px, _ = torch.sort(x.double() @ theta, dim=0)
     py, _ = torch.sort(y.double() @ theta, dim=0)
@@ -67,7 +68,7 @@ def frechet_distance(fx: torch.Tensor, fy: torch.Tensor) -> float:
     "Fréchet distance between Gaussians fitted to features `fx` (n, k) and `fy` (m, k)."
     import scipy.linalg
     _check_xy(fx, fy)
-    a, b = fx.double().numpy(), fy.double().numpy()
+    a, b = fx.detach().double().cpu().numpy(), fy.detach().double().cpu().numpy()
     mu1, mu2 = a.mean(0), b.mean(0)
     s1, s2 = np.atleast_2d(np.cov(a, rowvar=False)), np.atleast_2d(np.cov(b, rowvar=False))
     covmean = np.real(scipy.linalg.sqrtm(s1 @ s2))
@@ -118,7 +119,7 @@ def kl_divergence(p, q, eps: float = 0.0) -> float:
 # %% ../nbs/03_metrics.ipynb #828cf296
 def entropy(p: torch.Tensor, dim: int = -1, base: float | None = None) -> torch.Tensor:
     "Entropy −Σ p log p of probabilities `p` along `dim` (0 log 0 = 0); nats, or log base `base`."
-    p = torch.as_tensor(p)
+    p = p if isinstance(p, torch.Tensor) else torch.as_tensor(p)  # a tensor keeps its device
     if (p < 0).any():
         raise ParameterError("p has negative entries")
     h = -torch.where(p > 0, p * torch.log(torch.where(p > 0, p, torch.ones_like(p))), torch.zeros_like(p)).sum(dim)
@@ -156,7 +157,7 @@ def ndcg_at_k(top: torch.Tensor, target: torch.Tensor, k: int) -> float:  # top 
     "NDCG@k with one relevant item per row: mean of 1/log2(rank + 1) over rows (0 if the target is not in the first k)."
     _check_k(top, k)
     hit = top[:, :k] == target[:, None]
-    pos = torch.arange(k).float()
+    pos = torch.arange(k, device=top.device).float()
     return float((hit.float() / torch.log2(pos + 2)).sum(1).mean())
 
 

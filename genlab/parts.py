@@ -31,7 +31,7 @@ def time_embedding(t: torch.Tensor | float,  # times, shape (b,) or a scalar (b 
         raise ParameterError(f"dim must be an even integer >= 2, got {dim!r}")
     if not (low > 0 and high > 0):
         raise ParameterError(f"low and high must be positive frequencies, got low={low!r}, high={high!r}")
-    t = torch.as_tensor(t)
+    t = t if isinstance(t, torch.Tensor) else torch.as_tensor(t)  # a tensor keeps its device
     t = (t if t.is_floating_point() else t.float()).reshape(-1, 1)
     h = dim // 2
     i = torch.arange(h, dtype=torch.float64, device=t.device)

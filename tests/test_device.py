@@ -14,8 +14,7 @@ also checked against the device of their generator: with torch's default device 
 generator, a sampler that follows its generator returns CPU tensors; one that ignores it returns meta ones
 (and on a GPU, with a CUDA generator, raises).
 
-Known mistakes are marked `xfail(strict=True)` with the cause; fixing one turns its test into an XPASS
-failure, which asks for the mark to go.
+A device mistake found later gets a test here first (as a strict xfail naming its cause while it is open).
 """
 import pytest
 import torch
@@ -112,18 +111,11 @@ def test_linear_interpolant_follows_x0(t):
     assert xt.shape == ut.shape == (4, 3)
 
 
-AS_TENSOR_MOVES = ("torch.as_tensor(x) without device= moves a tensor input to torch's default device "
-                   "(under torch.set_default_device('cuda') a CPU input goes to the GPU; on the GPU run, 02a_parts' "
-                   "meta-device check failed there)")
-
-
 @pytest.mark.parametrize("fn", [
-    pytest.param(lambda x: parts.time_embedding(x[:, 0], 8), id="time_embedding",
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=AS_TENSOR_MOVES)),
+    pytest.param(lambda x: parts.time_embedding(x[:, 0], 8), id="time_embedding"),
     pytest.param(lambda x: parts.linear_interpolant(x, x, 0.5)[0], id="linear_interpolant"),
     pytest.param(lambda x: metrics.entropy_from_logits(x), id="entropy_from_logits"),
-    pytest.param(lambda x: metrics.entropy(x.softmax(-1)), id="entropy",
-                 marks=pytest.mark.xfail(strict=True, raises=(AssertionError, RuntimeError), reason=AS_TENSOR_MOVES)),
+    pytest.param(lambda x: metrics.entropy(x.softmax(-1)), id="entropy"),
 ])
 def test_inputs_keep_their_device_under_another_default_device(fn):
     x = torch.rand(4, 3)
@@ -154,8 +146,7 @@ def test_topk_sae_on_the_device():
 
 # ---- genlab.data: the samplers draw on their generator's device (and on the default device without one)
 
-GENERATOR_FOLLOWERS = ["ring", "8gaussians"]  # TOY_SAMPLERS["8gaussians"] is sample_ring
-GENERATOR_IGNORERS = ["moons", "gaussian", "checkerboard"]  # torch.rand/randn without device=
+SAMPLERS = ["ring", "8gaussians", "moons", "gaussian", "checkerboard"]  # TOY_SAMPLERS["8gaussians"] is sample_ring
 
 
 def _draw(name, g):
@@ -163,31 +154,23 @@ def _draw(name, g):
 
 
 def test_toy_sampler_lists_are_complete():
-    assert set(GENERATOR_FOLLOWERS + GENERATOR_IGNORERS) == set(data.TOY_SAMPLERS)
+    assert set(SAMPLERS) == set(data.TOY_SAMPLERS)
 
 
-@pytest.mark.parametrize("name", GENERATOR_FOLLOWERS + [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"sample_{n} draws on torch's default device, not its "
-                                            "generator's: with a CUDA generator and a CPU default it raises "
-                                            "'Expected a 'cpu' device type for generator'")) for n in GENERATOR_IGNORERS])
+@pytest.mark.parametrize("name", SAMPLERS)
 def test_sampler_follows_its_generator(name):
     with torch.device(META):  # the default device is not the generator's
         x = _draw(name, torch.Generator())
     assert x.device.type == "cpu", f"sample_{name} drew on {x.device}, its generator is on cpu"
 
 
-@pytest.mark.parametrize("name", GENERATOR_IGNORERS + [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason="sample_ring without a generator draws on the "
-                                            "CPU (device hard-coded), ignoring torch's default device"))
-    for n in GENERATOR_FOLLOWERS])
+@pytest.mark.parametrize("name", SAMPLERS)
 def test_sampler_without_generator_follows_the_default_device(name):
     with torch.device(META):
         x = _draw(name, None)
     assert x.device == META and x.shape == (16, 2)
 
 
-@pytest.mark.xfail(strict=True, raises=(AssertionError, RuntimeError), reason="sample_gmm builds its default weights with torch.ones(k) on the CPU and draws "
-                   "without device=: with means on a GPU it mixes devices")
 def test_sample_gmm_follows_its_means():
     audit(data.sample_gmm, 16, m(3, 2), 1.0)
 
@@ -205,19 +188,14 @@ def test_entropies_and_hit_rate_stay_on_the_device():
     assert isinstance(audit(metrics.hit_rate_at_k, m(6, 5, dtype=torch.long), m(6, dtype=torch.long), 3), float)
 
 
-@pytest.mark.xfail(strict=True, raises=(AssertionError, RuntimeError), reason="ndcg_at_k makes its rank positions with torch.arange(k) on the CPU")
 def test_ndcg_stays_on_the_device():
     audit(metrics.ndcg_at_k, m(6, 5, dtype=torch.long), m(6, dtype=torch.long), 3)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="sliced_w2 draws its directions with torch.randn(..., generator=) on the CPU "
-                   "(no device=): with samples on a GPU the projection mixes devices")
 def test_sliced_w2_stays_on_the_device():
     audit(metrics.sliced_w2, m(20, 3), m(20, 3), 8)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="frechet_distance calls .numpy() without .cpu() "
-                   "(a numpy round trip that raises on a GPU tensor)")
 def test_frechet_distance_copies_to_the_host():
     audit(metrics.frechet_distance, m(20, 3), m(20, 3))
 
@@ -233,8 +211,6 @@ def test_flow_matching_model_and_loss_on_the_device():
     assert audit(fm.cfm_loss, model, m(5, 2), m(5, 2), m(5), 0.1).shape == ()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="sample_euler builds each step's times with torch.full(...) on the CPU "
-                   "(a host-to-device copy per step on a GPU; VelocityMLP moves it)")
 def test_flow_matching_euler_sampler_on_the_device():
     fm = pytest.importorskip("genlab.flow_matching")
     with torch.device(META):
@@ -242,8 +218,6 @@ def test_flow_matching_euler_sampler_on_the_device():
     audit(fm.sample_euler, model, m(5, 2), 3)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="ot_coupling and exact_ot_cost call .numpy() on the cost "
-                   "matrix without .cpu() (a numpy round trip that raises on a GPU tensor)")
 def test_flow_matching_ot_coupling_on_the_device():
     fm = pytest.importorskip("genlab.flow_matching")
     pytest.importorskip("ot")
