@@ -28,8 +28,8 @@ test-fast: install          ## unit tests only
 docs: install               ## static site from the notebooks and the executed reports, into site/
 	bash tools/build_docs.sh
 
-lab: install
-	$(VENV)/jupyter lab --allow-root nbs/
+lab: install                ## JupyterLab on nbs/: live explorers, inline figures, no news pop-up (tools/lab.sh)
+	bash tools/lab.sh nbs/
 
 bench: install              ## performance figures (printed, never asserted)
 	$(VENV)/python tools/bench.py

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['scatter2d', 'trajectories2d', 'image_grid', 'curves', 'loss_curves', 'is_interactive', 'explore']
+__all__ = ['scatter2d', 'trajectories2d', 'image_grid', 'curves', 'loss_curves', 'is_interactive', 'choice_slider', 'explore']
 
 # %% ../nbs/04_plot.ipynb #791b0159
 def _ax(ax, figsize=(4, 4)):
@@ -115,26 +115,67 @@ def loss_curves(history, ax=None, *, names: Sequence[str] | None = None, smooth:
     return ax
 
 # %% ../nbs/04_plot.ipynb #e57c9598
+def _kernel_allows_stdin(ip) -> bool:
+    "Whether `ip` is an IPython kernel whose current execute request came from a frontend that allows stdin."
+    if ip is None or type(ip).__name__ != "ZMQInteractiveShell":
+        return False  # plain Python, or nbdev_test/execnb's in-process shell: nobody to show widgets to
+    kernel = getattr(ip, "kernel", None)
+    allow = getattr(kernel, "_allow_stdin", None)  # ipykernel sets it from each execute_request
+    if allow is None:
+        try:
+            allow = kernel.get_parent()["content"].get("allow_stdin")
+        except Exception:
+            allow = None
+    return bool(allow)
+
+
 def is_interactive() -> bool:
-    "True in a live Jupyter kernel with a frontend; False under papermill / the genlab runner, nbdev_test or plain Python."
+    "True in a Jupyter kernel driven by a live frontend; False under papermill, nbclient, the genlab runner, nbdev_test or plain Python."
     import os
-    import sys
     if os.environ.get("GENLAB_NONINTERACTIVE", "") not in ("", "0"):
         return False
-    if "papermill" in sys.modules or "nbclient" in sys.modules:
-        return False
+    if os.environ.get("GENLAB_INTERACTIVE", "") not in ("", "0"):
+        return True
     try:
         from IPython import get_ipython
     except ImportError:
         return False
-    ip = get_ipython()
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+    return _kernel_allows_stdin(get_ipython())
+
+
+def choice_slider(values,  # the options, in the order the knob walks them
+                  *, index: bool = False,  # pass the position of the chosen value instead of the value
+                  value=None,  # the starting value (default: the first)
+                  description: str = "",  # the label (explore names it after the argument when empty)
+                  ):
+    "A `SelectionSlider` that shows each value under the knob and passes it (or its position with `index=True`)."
+    import ipywidgets as widgets
+    values = list(values)
+    if not values:
+        raise ValueError("choice_slider: no values")
+    start = values[0] if value is None else value
+    if start not in values:
+        raise ValueError(f"choice_slider: value {start!r} is not one of {values}")
+    options = [(str(v), i if index else v) for i, v in enumerate(values)]
+    return widgets.SelectionSlider(options=options, index=values.index(start), description=description,
+                                   continuous_update=False)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _control_widget(c):
+    "A list of numbers becomes a slider showing its values; anything else goes to interact as it is."
+    if isinstance(c, list) and len(c) > 1 and all(_is_number(v) for v in c):
+        return choice_slider(c)
+    return c
 
 
 def _control_default(name: str, c):
     if hasattr(c, "value") and hasattr(c, "observe"):  # an ipywidgets widget
         return c.value
-    if isinstance(c, tuple) and len(c) in (2, 3) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in c):
+    if isinstance(c, tuple) and len(c) in (2, 3) and all(_is_number(v) for v in c):
         lo, hi = c[0], c[1]
         if all(isinstance(v, int) for v in c):
             step = c[2] if len(c) == 3 else 1
@@ -152,19 +193,51 @@ def _control_default(name: str, c):
     return c
 
 
+def _display_new_figures(before: set) -> None:
+    "Display the figures opened since `before` as the snapshot: inline backends show them, others as PNG."
+    import sys
+    if "matplotlib.pyplot" not in sys.modules:
+        return
+    import matplotlib.pyplot as plt
+    new = [n for n in plt.get_fignums() if n not in before]
+    if not new:
+        return
+    if "inline" in plt.get_backend():
+        plt.show()  # matplotlib_inline displays and closes them
+        return
+    from IPython import get_ipython
+    if get_ipython() is None:
+        return  # plain Python: nothing to display to; the figures stay open for the caller
+    import io
+    from IPython.display import Image, display
+    for n in new:
+        fig = plt.figure(n)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        display(Image(data=buf.getvalue(), format="png"))
+        plt.close(fig)
+
+
 def explore(fn,  # the view: fn(**controls) draws a figure (or returns something to display)
-            **controls,  # ipywidgets.interact abbreviations or widgets, one per argument of fn
-            ):
-    "A live ipywidgets explorer over `fn` in an interactive kernel; one static call with the default controls elsewhere."
+            **controls,  # ipywidgets.interact abbreviations or widgets, one per argument of fn; a list of numbers is a value slider
+            ) -> None:
+    "A live ipywidgets explorer over `fn` in a frontend; one static snapshot with the default controls elsewhere. Returns nothing."
     if is_interactive():
         import ipywidgets as widgets
-        return widgets.interact(fn, **controls)
-    defaults = {k: _control_default(k, c) for k, c in controls.items()}
-    out = fn(**defaults)
-    try:
-        import matplotlib.pyplot as plt
-        if plt.get_fignums():
-            plt.show()
-    except ImportError:
-        pass
-    return out
+        from IPython.display import display
+        display(widgets.interactive(fn, {"manual": False, "auto_display": True},
+                                    **{k: _control_widget(c) for k, c in controls.items()}))
+        return None
+    import sys
+    before = set(sys.modules["matplotlib.pyplot"].get_fignums()) if "matplotlib.pyplot" in sys.modules else set()
+    out = fn(**{k: _control_default(k, c) for k, c in controls.items()})
+    _display_new_figures(before)
+    if out is not None:
+        try:
+            from IPython import get_ipython
+            if get_ipython() is not None:
+                from IPython.display import display
+                display(out)
+        except ImportError:
+            pass
+    return None
