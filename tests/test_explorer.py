@@ -136,6 +136,7 @@ def lab(tmp_path):
     work = tmp_path / "nbs"
     work.mkdir()
     shutil.copy(TEMPLATE, work / TEMPLATE.name)
+    _fixture(work / "explorer.ipynb")
     settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     # every cell in the DOM (JupyterLab otherwise renders only the cells near the viewport)
@@ -159,7 +160,8 @@ def lab(tmp_path):
                 if proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError("JupyterLab did not start: " + (tmp_path / "lab.log").read_text()[-3000:])
                 time.sleep(0.5)
-        yield {"url": f"{base}/lab/tree/{TEMPLATE.name}?token={token}", "saved": work / TEMPLATE.name}
+        yield {"url": f"{base}/lab/tree/{TEMPLATE.name}?token={token}", "saved": work / TEMPLATE.name,
+               "fixture_url": f"{base}/lab/workspaces/fixture/tree/explorer.ipynb?token={token}"}  # its own workspace
     finally:
         proc.terminate()
         try:
@@ -172,6 +174,39 @@ def lab(tmp_path):
 PROMPTS = "() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')).map(e => e.textContent.trim())"
 
 
+ERRORS = ("() => Array.from(document.querySelectorAll(\".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']\"))"
+          ".filter(e => e.textContent.includes('Traceback')).map(e => e.textContent.slice(0, 3000))")
+
+
+def _run_all(page, url, timeout_ms):
+    "Open a notebook, wait for its kernel, Run > Run All Cells, wait until every code cell has run (or one failed)."
+    page.goto(url)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
+    page.wait_for_function(f"() => ({PROMPTS})().every(t => /^\\[\\d+\\]:$/.test(t)) || ({ERRORS})().length > 0",
+                           timeout=timeout_ms, polling=500)
+    assert page.evaluate(ERRORS) == []
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=30_000)
+
+
+def _move_slider(page, explorer, k):
+    "Press the right arrow on the explorer's k-th slider; wait for the figure to be redrawn; return (readout before, after)."
+    image = explorer.locator(".jp-OutputArea-output img").first
+    image.wait_for(timeout=30_000)
+    before = image.get_attribute("src")
+    readout = explorer.locator(".widget-readout").nth(k)
+    was = readout.inner_text()
+    handle = explorer.locator(".noUi-handle").nth(k)
+    handle.focus()
+    handle.press("ArrowRight")
+    page.wait_for_function("([el, src]) => { const i = el.querySelector('.jp-OutputArea-output img');"
+                           " return i && i.getAttribute('src') !== src; }",
+                           arg=[explorer.element_handle(), before], timeout=30_000, polling=200)
+    assert "Traceback" not in explorer.inner_text()
+    return was, readout.inner_text()
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install -y chromium; tools/install.sh does it)")
 def test_template_explorer_is_live_in_jupyterlab(lab):
     "Run All in JupyterLab: no cell errors, the explorer is a widget with no stray output, moving a control redraws it."
@@ -180,35 +215,16 @@ def test_template_explorer_is_live_in_jupyterlab(lab):
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(lab["url"])
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-            page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-            page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
-            page.wait_for_function(f"() => ({PROMPTS})().every(t => /^\\[\\d+\\]:$/.test(t))", timeout=90_000,
-                                   polling=500)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=30_000)
-            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
-                                  has_text="Traceback")
-            assert errors.count() == 0, errors.first.inner_text()[:2000]
+            shot = lab["saved"].parent.parent / "failure.png"
+            _run_all(page, lab["url"], 150_000)  # about 30 s on an idle 2-core machine
             assert page.get_by_text("official Jupyter news").count() == 0, "the news pop-up is shown"
-
             explorer = page.locator(".widget-interact").first
             explorer.scroll_into_view_if_needed()
-            image = explorer.locator(".jp-OutputArea-output img").first
-            image.wait_for(timeout=30_000)
-            before = image.get_attribute("src")
-            cell = page.locator(".jp-CodeCell", has=page.locator(".widget-interact")).first
-            assert "<function" not in cell.locator(".jp-Cell-outputWrapper").inner_text()
-            handle = explorer.locator(".noUi-handle").first          # the first slider: one step to the right
-            readout = explorer.locator(".widget-readout").first.inner_text()
-            handle.focus()
-            handle.press("ArrowRight")
-            page.wait_for_function("([el, src]) => { const i = el.querySelector('.jp-OutputArea-output img');"
-                                   " return i && i.getAttribute('src') !== src; }",
-                                   arg=[explorer.element_handle(), before], timeout=30_000, polling=200)
-            assert explorer.locator(".widget-readout").first.inner_text() != readout
-            assert "Traceback" not in explorer.inner_text()
-            assert "<function" not in cell.locator(".jp-Cell-outputWrapper").inner_text()
+            outputs = page.locator(".jp-CodeCell", has=page.locator(".widget-interact")).first.locator(".jp-Cell-outputWrapper")
+            assert "<function" not in outputs.inner_text()
+            was, now = _move_slider(page, explorer, 0)
+            assert was != now
+            assert "<function" not in outputs.inner_text()
 
             page.keyboard.press("Control+s")                     # the saved notebook: every cell ran, no error output
             deadline = time.time() + 20
@@ -222,5 +238,15 @@ def test_template_explorer_is_live_in_jupyterlab(lab):
             assert not [o for c in code for o in c["outputs"] if o["output_type"] == "error"]
             ex = next(c for c in code if "explore(" in "".join(c["source"]))
             assert [WIDGET in o.get("data", {}) for o in ex["outputs"]] == [True], ex["outputs"]
+
+            # a list of values is a slider that shows the values it picks (steps=[4, 1, 16, 64]: 4, then 1)
+            _run_all(page, lab["fixture_url"], 60_000)
+            explorer = page.locator(".widget-interact").first
+            assert [r.inner_text() for r in explorer.locator(".widget-readout").all()] == ["2", "4"]
+            assert _move_slider(page, explorer, 1) == ("4", "1")
+        except Exception:
+            page.screenshot(path=str(shot))
+            print(f"screenshot of the failure: {shot}")
+            raise
         finally:
             browser.close()
