@@ -17,7 +17,7 @@ from .stats import REASONS, TWO_STAGE_LEVEL, evaluate, pool
 
 # %% auto #0
 __all__ = ['SMOKE_NOTE', 'ReportError', 'collect_records', 'claim_kind', 'pooled_claims', 'cell_source', 'notebook_figures',
-           'tally_text', 'headline_sections', 'declared_headline', 'load_designs', 'method_sections',
+           'figure_is_blank', 'tally_text', 'headline_sections', 'declared_headline', 'load_designs', 'method_sections',
            'headline_verdict', 'is_evidence', 'report_markdown', 'report_html', 'report', 'claims_text', 'compare',
            'compare_page']
 
@@ -180,6 +180,45 @@ def notebook_figures(nb_path: str | Path,  # an executed notebook
     for f in figs:
         f.pop("_captioned", None)
     return figs
+
+# %% ../nbs/07_report.ipynb #c9c92920
+def figure_is_blank(png: bytes,  # a PNG image
+                    max_fill: float = 0.002,  # at most this fraction of dark pixels inside every axes frame
+                    ) -> bool:
+    "Whether a figure shows no drawn data: no coloured pixel, and inside every axes frame nothing but reference lines and a legend."
+    import io
+
+    import matplotlib.image as mpimg
+    import numpy as np
+    a = mpimg.imread(io.BytesIO(png), format="png")[..., :3]
+    if float((np.abs(a - a.mean(-1, keepdims=True)).max(-1) >= 0.03).mean()) >= 1e-3:
+        return False  # colour is drawn data
+    dark = a.mean(-1) < 0.75
+
+    def frame_lines(mask, frac):  # centres of the runs of rows holding a dark straight line over `frac` of the width
+        def longest(row):
+            d = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
+            starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+            return int((ends - starts).max()) if len(starts) else 0
+        idx = [i for i in range(mask.shape[0]) if longest(mask[i]) >= frac * mask.shape[1]]
+        groups = np.split(np.array(idx, dtype=int), np.flatnonzero(np.diff(idx) > 2) + 1) if idx else []
+        return [int(g.mean()) for g in groups if len(g)]
+
+    rows, cols = frame_lines(dark, 0.2), frame_lines(dark.T, 0.2)
+    if len(rows) < 2 or len(cols) < 2 or len(rows) % 2 or len(cols) % 2:
+        return False  # no axes frame to look inside: not judged blank
+    def lines(frac):  # thin lines across a frame (axhline/axvline, dashed too): dense, with empty rows 3 px away
+        pad = np.pad(frac, 3)
+        return (frac > 0.3) & (np.minimum(pad[:-6], pad[6:]) < 0.05)
+
+    def fill(box):  # dark pixels inside a frame, reference lines across it left aside
+        if not box.size:
+            return 0.0
+        box = box[~lines(box.mean(1))][:, ~lines(box.mean(0))]
+        return float(box.mean()) if box.size else 0.0
+    fills = [fill(dark[r0 + 3:r1 - 2, c0 + 3:c1 - 2])
+             for r0, r1 in zip(rows[::2], rows[1::2]) for c0, c1 in zip(cols[::2], cols[1::2]) if r1 - r0 > 8 and c1 - c0 > 8]
+    return bool(fills) and max(fills) < max_fill
 
 # %% ../nbs/07_report.ipynb #bd7e4d90
 _BADGE = {"supported": "ok", "contradicted": "bad", "unresolved": "warn", "true": "ok", "false": "bad",
@@ -414,6 +453,8 @@ def _section_md(m: dict, figures: dict) -> list[str]:
         md += ["", _design_text(m)]
     md += ["", f"Paper claims: {tally_text(m)}.", ""] + _claim_rows(m) + _check_rows(m)
     figs = figures.get(m["anchor"], [])
+    for cap in m.get("blank_figures", []):
+        md += ["", f"*Left out: a figure with no drawn data (caption: {esc(cap)}).*"]
     if figs:
         md += ["", f"### Figures ({len(figs)})", ""]
         for f in figs:
@@ -481,6 +522,7 @@ figure img{max-width:100%}figcaption{font-size:85%;color:#444}details{margin:.5e
 <details><summary>{{ other|length }} health, calibration, sanity and deterministic checks</summary><div class="scroll"><table><tr><th>check</th><th>kind</th><th>evidence</th><th>result</th></tr>
 {% for c in other %}<tr><td>{{ c.name }}</td><td>{{ c.kind }}</td><td>{{ (fmt(c.value) ~ ' vs ' ~ c.direction ~ ' ' ~ fmt(c.target)) if c.kind == 'health' else est(c) }}</td><td class="{{ 'ok' if c.ok else ('bad' if c.kind == 'sanity' else 'warn') }}">{{ ('true' if c.ok else 'false') if c.kind == 'sanity' else ('identical on every seed: not counted' if c.kind == 'deterministic' else c.verdict) }}</td></tr>{% endfor %}
 </table></div></details>{% endif %}
+{% for cap in m.blank_figures or [] %}<p><i>Left out: a figure with no drawn data (caption: {{ cap }}).</i></p>{% endfor %}
 {% if figures.get(m.anchor) %}<h3>Figures ({{ figures[m.anchor]|length }})</h3>
 {% for f in figures[m.anchor] %}<figure><img src="{{ f.file }}" alt="{{ f.caption }}"><figcaption>{{ f.caption }}{% if f.claims %} — supports {{ f.claims|join(', ') }}{% endif %}</figcaption></figure>{% endfor %}{% endif %}
 {% endfor %}
@@ -524,8 +566,12 @@ def report(folder: str | Path,  # a folder of runs (records.jsonl / record.json 
                 r["_link"] = os.path.relpath(nb_path, folder)
                 if not figs or r.get("seed") == m["runs"][0].get("seed") or "section" in (r.get("parameters") or {}):
                     for i, f in enumerate(notebook_figures(nb_path)):
+                        png = f.pop("png")
+                        if figure_is_blank(png):
+                            m.setdefault("blank_figures", []).append(f["caption"])
+                            continue
                         name = f"{r['id']}_{i}.png"
-                        (figdir / name).write_bytes(f.pop("png"))
+                        (figdir / name).write_bytes(png)
                         figs.append({**f, "file": f"report_files/{name}"})
         figures[m["anchor"]] = figs
     (folder / "report.md").write_text(report_markdown(sections, title, figures), encoding="utf-8")

@@ -197,3 +197,31 @@ def test_compare_page_puts_changed_verdicts_first_with_metrics_and_overlaid_seri
     assert "| m | loss | 1 | 0.8 | -0.2 |" in page and (tmp_path / "cmp" / "compare_files" / "m-curve.png").is_file()
     assert (tmp_path / "cmp" / "compare.html").is_file()
     assert "absent" not in compare(a, b)
+
+
+def test_no_blank_figure_reaches_a_page(tmp_path):
+    "Empty axes under a caption are left out (and named); the committed page shows no blank figure."
+    import io
+    import re
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from genlab.report import figure_is_blank
+
+    def png(draw):
+        fig, ax = plt.subplots()
+        draw(ax)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        return buf.getvalue()
+    assert figure_is_blank(png(lambda ax: ax.set_title("loss")))
+    assert not figure_is_blank(png(lambda ax: ax.plot([0, 1], [1, 0])))
+    assert not figure_is_blank(png(lambda ax: ax.plot([0, 1], [1, 0], color="k")))      # a black line is data too
+    page = (REPORTS / "report.md").read_text(encoding="utf-8")
+    shown = re.findall(r"!\[[^\]]*\]\((report_files/[^)]+\.png)\)", page)
+    assert shown, "the committed page shows no figure"
+    blank = [f for f in shown if figure_is_blank((REPORTS / f).read_bytes())]
+    assert not blank, f"blank figures on the committed page: {blank}"
