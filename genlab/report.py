@@ -190,7 +190,10 @@ def figure_is_blank(png: bytes,  # a PNG image
 
     import matplotlib.image as mpimg
     import numpy as np
-    a = mpimg.imread(io.BytesIO(png), format="png")[..., :3]
+    try:
+        a = mpimg.imread(io.BytesIO(png), format="png")[..., :3]
+    except (SyntaxError, ValueError, OSError):
+        return False  # an image matplotlib cannot read is not judged
     if float((np.abs(a - a.mean(-1, keepdims=True)).max(-1) >= 0.03).mean()) >= 1e-3:
         return False  # colour is drawn data
     dark = a.mean(-1) < 0.75
