@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             point = make_point(args.notebook, params, args.preset, timeout=args.timeout)
             rec = run_points([point], args.out, force=True)[0]
             print(json.dumps({k: rec[k] for k in ("id", "status", "duration_s", "error")}))
-            for c in rec["claims"]:
+            for c in rec["claims"] + rec.get("health", []):
                 print(f"  [{c.get('kind', 'sanity' if c.get('sanity') else 'paper')}] {c['name']}: "
                       f"{verdict_text(c) if c.get('verdict') else c['ok']}")
             print(f"  -> {Path(args.out) / rec['id']}")

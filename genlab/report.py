@@ -118,7 +118,7 @@ def pooled_claims(recs: list[dict],  # records of one group (same notebook, pres
     by_name: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
     order: list[str] = []
     for r in recs:
-        for c in r.get("claims", []):
+        for c in r.get("claims", []) + r.get("health", []):  # health checks live beside the claims (older records: among them)
             if c["name"] not in by_name:
                 order.append(c["name"])
             by_name[c["name"]].append((r, c))

@@ -213,7 +213,7 @@ def parse_value(text: str) -> Any:
 
 # %% ../nbs/08_runs.ipynb #7fb8b755
 def read_records(nb: dict | str | Path) -> dict:
-    "Metrics and claims that `genlab.record` wrote into an executed notebook."
+    "Metrics, claims and health checks that `genlab.record` wrote into an executed notebook (health checks apart: they are not claims)."
     if not isinstance(nb, dict):
         nb = read_notebook(Path(nb))
     metrics, claims = {}, {}
@@ -235,7 +235,9 @@ def read_records(nb: dict | str | Path) -> dict:
                         ("supported" if item["ok"] else "contradicted")
                     item["legacy"] = not item.get("sanity")
                 claims[item["name"]] = item
-    return {"metrics": metrics, "claims": list(claims.values())}
+    items = list(claims.values())
+    return {"metrics": metrics, "claims": [i for i in items if i.get("kind") != "health"],
+            "health": [i for i in items if i.get("kind") == "health"]}
 
 
 def run_files(path: Path) -> list[Path] | None:

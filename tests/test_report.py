@@ -57,6 +57,29 @@ def test_summary_first_page_pools_seed_runs(tmp_path):
     assert len(list((tmp_path / "report_files").glob("*.png"))) == 2
 
 
+def test_health_checks_recorded_apart_from_claims_still_gate_them(tmp_path):
+    def items(seed, iou):
+        c = Claims()
+        c.health("tokenizer IoU", iou, target=0.85)
+        c.paper("C1 rests on the tokenizer", [0.9 + 0.01 * seed], threshold=0.5, direction=">", seeds=[seed],
+                requires="tokenizer IoU", control={"name": "shuffled", "values": [0.1 + 0.01 * seed]})
+        return c.items
+    for layout in ("apart", "among"):                   # records since the split, and older ones
+        out = tmp_path / layout
+        for s in range(3):
+            its = items(s, 0.3)
+            claims = its if layout == "among" else [i for i in its if i["kind"] != "health"]
+            _write_run(out, f"m-{s}", s, claims)
+            if layout == "apart":
+                rec = json.loads((out / "m" / f"m-{s}" / "record.json").read_text())
+                rec["health"] = [i for i in its if i["kind"] == "health"]
+                (out / "m" / f"m-{s}" / "record.json").write_text(json.dumps(rec))
+        (m,) = method_sections(collect_records(out, recursive=True))
+        c = next(c for c in m["claims"] if c["kind"] == "paper")
+        assert c["verdict"] == "unresolved" and c["reason"].startswith("precondition unmet: tokenizer IoU"), layout
+        assert [h["name"] for h in m["claims"] if h["kind"] == "health"] == ["tokenizer IoU"]
+
+
 def test_figures_without_caption_take_the_heading(tmp_path):
     nb = {"cells": [{"cell_type": "markdown", "source": "## Loss curves\ntext", "metadata": {}},
                     {"cell_type": "code", "source": "", "metadata": {}, "outputs": [
