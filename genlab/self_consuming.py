@@ -16,14 +16,14 @@ from .core import ParameterError, check_choice, check_range, np_rng, param, stre
 ROW_TOL = 1e-9  # tolerance on the row constraint a_i + sum_j W_ij = 1
 
 # %% auto #0
-__all__ = ['ROW_TOL', 'GRAPHS', 'GraphName', 'PRESETS', 'RING', 'Network', 'ring_graph', 'self_graph', 'complete_graph',
-           'star_graph', 'g4_graph', 'named_graph', 'random_network', 'spectral_radius', 'second_eigenvalue_modulus',
-           'consumption_graph', 'reaches_real', 'reaches_real_matrix', 'converges', 'SelfConsumingConfig',
-           'population_run', 'population_fixed_point', 'steps_to_tolerance', 'decay_rate', 'closed_classes',
-           'is_aperiodic_class', 'consensus_weights', 'absorption_probabilities', 'predicted_limits', 'lyapunov_mse',
-           'lyapunov_mse_refined', 'allocate', 'allocation_matrix', 'simulate_gaussian', 'expected_variance_path',
-           'simulate_categorical', 'simulate_models', 'fit_gmm', 'sample_gmm', 'ring_centres', 'mode_metrics',
-           'knn_precision_recall', 'mnist_codes', 'real_sampler']
+__all__ = ['ROW_TOL', 'GRAPHS', 'GraphName', 'PRESETS', 'RING', 'MODE_MIN_FRAC', 'Network', 'ring_graph', 'self_graph',
+           'complete_graph', 'star_graph', 'g4_graph', 'named_graph', 'random_network', 'spectral_radius',
+           'second_eigenvalue_modulus', 'consumption_graph', 'reaches_real', 'reaches_real_matrix', 'converges',
+           'SelfConsumingConfig', 'population_run', 'population_fixed_point', 'steps_to_tolerance', 'decay_rate',
+           'closed_classes', 'is_aperiodic_class', 'consensus_weights', 'absorption_probabilities', 'predicted_limits',
+           'lyapunov_mse', 'lyapunov_mse_refined', 'allocate', 'allocation_matrix', 'simulate_gaussian',
+           'expected_variance_path', 'simulate_categorical', 'simulate_models', 'fit_gmm', 'sample_gmm', 'ring_centres',
+           'mode_metrics', 'knn_precision_recall', 'mnist_codes', 'real_sampler']
 
 # %% ../nbs/15_self_consuming.ipynb #ca11e5df
 class Network:
@@ -109,13 +109,14 @@ def star_graph(K: int, a: float, n: int = 100) -> Network:
     return Network(av, W, n)
 
 
-def g4_graph(a_C: float = 0.0, n: int = 100) -> Network:
-    "Graph G4: real-access nodes 0, 1 (a = 0.5; node 1 eats 0.2 from the closed class) and the class C = {2, 3} with real fraction `a_C` (0: closed)."
-    check_range("a_C", a_C, 0, 1)
-    a = np.array([0.5, 0.5, a_C, a_C])
+def g4_graph(a_C: float = 0.0, n: int = 100, a_R: float = 0.5) -> Network:
+    "Graph G4: real-access nodes 0, 1 (real fraction `a_R`, 0.5; what they lose below 0.5 goes to their self-loops; node 1 eats 0.2 from the closed class) and the class C = {2, 3} with real fraction `a_C` (0: closed)."
+    check_range("a_C", a_C, 0, 1); check_range("a_R", a_R, 0, 0.5)
+    a = np.array([a_R, a_R, a_C, a_C])
     W = np.zeros((4, 4))
     W[0, 0] = W[0, 1] = 0.25
     W[1, 0], W[1, 2] = 0.3, 0.2
+    W[0, 0] += 0.5 - a_R; W[1, 1] = 0.5 - a_R
     W[2:, 2:] = 0.5 * (1 - a_C)
     return Network(a, W, n)
 
@@ -225,7 +226,7 @@ class SelfConsumingConfig:
     # check 6: GMM nodes on the 2-D ring
     gmm_n: int = param(400, lo=1, help="samples per GMM node per generation on the 2-D ring (C6)")
     gmm_T: int = param(40, lo=1, help="generations of the GMM nodes")
-    gmm_seeds: int = param(10, lo=1, help="seeds of the GMM nodes")
+    gmm_seeds: int = param(30, lo=1, help="seeds of the GMM nodes (C6a's smallest mode share sits near its cut: about 30 seeds decide it)")
     gmm_control_aC: float = param(0.2, lo=0, hi=1, lo_open=True, help="real fraction of the closed class in the C6 negative control")
     # check 7: GMM nodes on MNIST-5k PCA codes
     mnist_n: int = param(1000, lo=2, hi=1000, help="samples per node per generation on MNIST-5k PCA codes (C7; drawn without replacement)")
@@ -465,18 +466,25 @@ def simulate_gaussian(net: Network, T: int, rng: np.random.Generator, *, mu: flo
             else:
                 means[t + 1], vars_[t + 1] = fit(g1, g2, n)
         else:  # Gauss-Seidel: node i sees the models already updated this generation (the pitfall)
-            for i in range(K):
-                g1, g2 = r1[i], r2[i]
-                for j in np.flatnonzero(Csyn[i]):
-                    s = m[j] + bias * math.sqrt(v[j]) * rng.standard_normal(Csyn[i, j])
-                    g1, g2 = g1 + s.sum(), g2 + (s * s).sum()
-                if accumulate:
-                    tot1[i], tot2[i], totn[i] = tot1[i] + g1, tot2[i] + g2, totn[i] + n[i]
-                    m[i], v[i] = fit(tot1[i], tot2[i], totn[i])
-                else:
-                    m[i], v[i] = fit(g1, g2, n[i])
-            means[t + 1], vars_[t + 1] = m, v
+            means[t + 1], vars_[t + 1] = _sequential_generation(m, v, r1, r2, Csyn, n, rng, fit, bias,
+                                                                (tot1, tot2, totn) if accumulate else None)
     return {"means": means, "vars": vars_}
+
+
+def _sequential_generation(m, v, r1, r2, Csyn, n, rng, fit, bias, totals=None):
+    "One Gauss-Seidel generation of `simulate_gaussian` (the pitfall): node i refits in turn and the nodes after it sample its new model. Updates m, v (and the running `totals` when accumulating) in place."
+    for i in range(len(m)):
+        g1, g2 = r1[i], r2[i]
+        for j in np.flatnonzero(Csyn[i]):
+            s = m[j] + bias * math.sqrt(v[j]) * rng.standard_normal(Csyn[i, j])
+            g1, g2 = g1 + s.sum(), g2 + (s * s).sum()
+        if totals is not None:
+            tot1, tot2, totn = totals
+            tot1[i], tot2[i], totn[i] = tot1[i] + g1, tot2[i] + g2, totn[i] + n[i]
+            m[i], v[i] = fit(tot1[i], tot2[i], totn[i])
+        else:
+            m[i], v[i] = fit(g1, g2, n[i])
+    return m, v
 
 
 def expected_variance_path(net: Network, T: int, *, v0=1.0, m0=0.0, mu: float = 0.0, sigma: float = 1.0,
@@ -520,13 +528,16 @@ def simulate_categorical(net: Network, T: int, rng: np.random.Generator, seeds: 
 # %% ../nbs/15_self_consuming.ipynb #d49a90a0
 def simulate_models(net: Network, *, fit: Callable, sample: Callable, real: Callable, T: int,
                     rng: np.random.Generator, evaluate: Callable | None = None, real_mode: str = "fresh",
-                    warm_start: bool = False) -> dict:
+                    warm_start: bool = False, slices: str = "disjoint") -> dict:
     """Retrain K trained generative models over the graph (the spec's algorithm, synchronous).
 
     `fit(X, rng) -> model` (with `warm_start`, `fit(X, rng, prev)` continues from the node's previous model);
     `sample(model, m, rng) -> (m, d)` i.i.d. samples; `real(m, rng) -> (m, d)` real data;
-    `evaluate(models, t) -> dict name -> (K,) values`, logged at t = 0..T. Returns the final models and the log."""
+    `evaluate(models, t) -> dict name -> (K,) values`, logged at t = 0..T; `slices`: consumers of model j read
+    disjoint slices of its samples ("disjoint") or all read the prefix S_j[:c_ij] ("shared", the spec
+    algorithm's literal form: consumers with the same counts train on the same samples). Returns the final models and the log."""
     check_choice("real_mode", real_mode, ("fresh", "fixed"))
+    check_choice("slices", slices, ("disjoint", "shared"))
     check_range("T", T, 0)
     Cnt = allocation_matrix(net)
     models = [fit(real(int(net.n[i]), rng), rng) for i in range(net.K)]
@@ -535,9 +546,12 @@ def simulate_models(net: Network, *, fit: Callable, sample: Callable, real: Call
     if evaluate is not None:
         log.append(evaluate(models, 0))
     for t in range(T):
-        need = Cnt[:, 1:].sum(0)  # disjoint slices: consumers of j never share a sample
+        if slices == "disjoint":  # consumers of j never share a sample
+            need = Cnt[:, 1:].sum(0)
+            O = np.concatenate([np.zeros((1, net.K), int), np.cumsum(Cnt[:, 1:], 0)[:-1]], 0)
+        else:                     # every consumer reads the prefix S_j[:c_ij]
+            need, O = Cnt[:, 1:].max(0), np.zeros((net.K, net.K), int)
         S = [sample(models[j], int(need[j]), rng) if need[j] > 0 else None for j in range(net.K)]
-        O = np.concatenate([np.zeros((1, net.K), int), np.cumsum(Cnt[:, 1:], 0)[:-1]], 0)
         new = []
         for i in range(net.K):
             parts = [pool[i] if pool is not None else real(int(Cnt[i, 0]), rng)] if Cnt[i, 0] > 0 else []
@@ -567,6 +581,7 @@ def sample_gmm(gm, m: int, rng: np.random.Generator) -> np.ndarray:
 
 # %% ../nbs/15_self_consuming.ipynb #1f673076
 RING = dict(k=8, radius=2.0, std=0.2)  # dataset N3: `genlab.data.sample_ring(m, np_generator, **RING)`
+MODE_MIN_FRAC = 0.02  # the spec's coverage cut: a mode is covered when >= 2% of the samples lie within 0.6 of its centre
 
 
 def ring_centres(n_modes: int = RING["k"], radius: float = RING["radius"]) -> np.ndarray:
@@ -575,14 +590,15 @@ def ring_centres(n_modes: int = RING["k"], radius: float = RING["radius"]) -> np
     return radius * np.stack([np.cos(th), np.sin(th)], 1)
 
 
-def mode_metrics(X: np.ndarray, centres: np.ndarray, radius: float = 0.6, min_frac: float = 0.02) -> dict:
-    "Mode coverage (modes with >= min_frac of samples within `radius`), precision (fraction within `radius` of a centre), within-mode RMS per coordinate."
+def mode_metrics(X: np.ndarray, centres: np.ndarray, radius: float = 0.6, min_frac: float = MODE_MIN_FRAC) -> dict:
+    "Mode coverage (modes with >= min_frac of samples within `radius`), the smallest mode share (fraction of samples within `radius` of the least-covered centre), precision (fraction within `radius` of a centre), within-mode RMS per coordinate."
     d = np.linalg.norm(X[:, None] - centres[None], axis=2)
     near, dmin = d.argmin(1), d.min(1)
     ok = dmin <= radius
     frac = np.bincount(near[ok], minlength=len(centres)) / len(X)
     rms = float(np.sqrt(np.mean(dmin[ok] ** 2) / X.shape[1])) if ok.any() else float("nan")
-    return {"modes": int((frac >= min_frac).sum()), "precision": float(ok.mean()), "within_rms": rms}
+    return {"modes": int((frac >= min_frac).sum()), "min_share": float(frac.min()), "precision": float(ok.mean()),
+            "within_rms": rms}
 
 
 def knn_precision_recall(real: np.ndarray, fake: np.ndarray, k: int = 5) -> dict:

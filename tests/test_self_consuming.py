@@ -256,9 +256,13 @@ def test_gmm_sampler_is_shuffled_and_has_the_model_moments():
 def test_sample_metrics():
     c = sc.ring_centres()
     m = sc.mode_metrics(np.repeat(c, 10, 0), c)
-    assert m == {"modes": 8, "precision": 1.0, "within_rms": 0.0}
+    assert m == {"modes": 8, "min_share": 0.125, "precision": 1.0, "within_rms": 0.0}
     m = sc.mode_metrics(np.repeat(c[:3], 10, 0), c)
-    assert m["modes"] == 3
+    assert m["modes"] == 3 and m["min_share"] == 0.0
+    # one mode holding 1% of the samples is below the 2% coverage cut: not covered, and the smallest share says by how much
+    X = np.concatenate([np.repeat(c[:7], 14, 0), c[7:8], c[0:1] + 5.0])      # 98 + 1 in-mode samples, 1 far away
+    m = sc.mode_metrics(X, c)
+    assert m["modes"] == 7 and m["min_share"] == 0.01 and m["precision"] == 0.99
     X = np.random.default_rng(0).standard_normal((300, 3))
     assert sc.knn_precision_recall(X, X.copy()) == {"precision": 1.0, "recall": 1.0}
     assert sc.knn_precision_recall(X, X + 100) == {"precision": 0.0, "recall": 0.0}
@@ -283,3 +287,33 @@ def test_simulate_models_uses_disjoint_slices_and_previous_generation():
     log = np.stack([L["m"] for L in res["log"]])
     assert log[:, 0].tolist() == [0, 1, 2, 3]               # node 0 refits on fresh real data each generation
     assert log[1:, 1].tolist() == [0, 1, 2]                 # node 1 reads node 0's previous-generation model
+
+
+def test_g4_without_real_data_moves_the_real_fraction_to_the_self_loops():
+    g, g0 = sc.g4_graph(0.0), sc.g4_graph(0.0, a_R=0.0)
+    assert np.array_equal(sc.g4_graph(0.0, 100, 0.5).W, g.W)                   # the default is G4
+    assert np.allclose(g0.a, 0) and np.allclose(g0.a + g0.W.sum(1), 1)
+    assert np.allclose(g0.W - g.W, np.diag([0.5, 0.5, 0, 0]))
+    assert not sc.converges(g0) and sc.closed_classes(g0) == [[2, 3]]        # nodes 0, 1 drain into the closed class
+    with pytest.raises(sc.ParameterError, match="a_R"):
+        sc.g4_graph(0.0, a_R=0.7)
+
+
+def test_simulate_models_shared_prefixes():
+    # two consumers (nodes 1, 2) read 3 samples each from node 0: shared prefixes give both the same 3 samples,
+    # disjoint slices give them 6 different ones; node 0 publishes as many samples as its largest consumer needs
+    net = sc.Network([1.0, 0.0, 0.0], [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], 3)
+    asked = []
+
+    def sample(m, k, r):
+        asked.append(k)
+        return np.arange(k, dtype=float)[:, None] + 10.0
+
+    kw = dict(fit=lambda X, r: X, sample=sample, real=lambda m, r: np.zeros((m, 1)), T=1, rng=np.random.default_rng(0))
+    shared = sc.simulate_models(net, slices="shared", **kw)["models"]
+    assert asked == [3] and np.array_equal(shared[1], shared[2]) and shared[1][:, 0].tolist() == [10, 11, 12]
+    asked.clear()
+    disjoint = sc.simulate_models(net, **kw)["models"]
+    assert asked == [6] and disjoint[1][:, 0].tolist() == [10, 11, 12] and disjoint[2][:, 0].tolist() == [13, 14, 15]
+    with pytest.raises(sc.ParameterError, match="slices"):
+        sc.simulate_models(net, slices="prefix", **kw)
