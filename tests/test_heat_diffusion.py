@@ -236,6 +236,9 @@ def test_bad_input_raises():
     full = resolve(PRESETS, "full")
     assert full.train_steps == 5000 and full.t_sampling == "logsnr" and set(full.sections) == {"closed_form", "e1", "e2", "decoder"}
     assert resolve(PRESETS, "full", section="e1").section == "e1"
+    # the spec's budget is the floor: decoder arms at 3000 steps x batch 64, E2 at 4000 steps; C5a/b get the ~12-15 seeds they need
+    assert full.dec_steps == 3000 and full.dec_batch == 64 and full.gcn_hidden == 64 and full.e2_train_steps == 4000
+    assert full.n_seeds_e2 >= 12 and full.n_seeds_e1 >= 5 and full.n_seeds_dec >= 5
 
 
 def test_networks_shapes_and_loss_gradient(grid):
@@ -363,6 +366,13 @@ def test_fixed_pairs_and_training_with_stopping_keeps_the_best(grid):
     assert val(early) > val(m)
     if mon.stopped:
         assert tr.stop_step < 300 and not tr.still_improving()
+    # the plateau gap of the health checks: 0 once early stopping fired, else the monitor's relative drop over the last quarter
+    gap = tr.plateau_gap()
+    assert gap == (0.0 if mon.stopped else max(0.0, mon.relative_improvement()))
+    assert (gap >= 0.02) == tr.still_improving(0.02)
+    short = train_denoiser(hp, MLPDenoiser(64, 32, 2, generator=rng(0, "init")), data[100:], steps=10, batch_size=64,
+                           generator=g, t_sampler=ts, val=val, val_every=50, patience=None, progress=False)
+    assert len(short.monitor.values) < 2 and short.plateau_gap() == 1.0  # no plateau can be seen from one evaluation
 
 
 def test_digits_splits_are_stratified_disjoint_and_sized():
