@@ -49,7 +49,7 @@ def params_table(slug: str) -> str:
                      "one of " + ", ".join(presets) if name == "preset" and presets else "", *([""] * len(presets)),
                      "the preset to run" if name == "preset" else ("random seed (None: the preset's)" if name == "seed" else "")])
     for name, r in rows.items():
-        body.append([name, r["type"], repr(declared.get(name, "(config field)")), r["domain"] or "(checked by validate())",
+        body.append([name, r["type"], repr(declared[name]) if name in declared else "(config field)", r["domain"] or "(checked by validate())",
                      *[repr(r["presets"][p]) for p in presets], r["help"]])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     fmt_row = lambda row: "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()

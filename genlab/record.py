@@ -98,26 +98,24 @@ def esc(text: Any) -> str:
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
-def md(text: str) -> str:
-    "Display `text` as markdown in a notebook (print it elsewhere); returns it."
+def md(text: str) -> None:
+    "Display `text` as markdown in a notebook (print it elsewhere); returns nothing, so no `Out[]` repeats it."
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
         if get_ipython() is not None:
             display(Markdown(text))
-            return text
+            return
     except ImportError:
         pass
     print(text)
-    return text
 
 
 def caption(text: str,  # the caption of the figure shown just before, in the same cell
             claims: Sequence[str] = (),  # names of the claims the figure supports
-            ) -> str:
+            ) -> None:
     "Attach a caption (and the claims it supports) to the figure displayed just before in this cell; the report shows both."
     _emit({"kind": "caption", "text": text, "claims": list(claims)}, f"Figure: {text}")
-    return text
 
 # %% ../nbs/06_record.ipynb #34ccd88d
 class ClaimFailed(AssertionError):

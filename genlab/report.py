@@ -426,6 +426,11 @@ def _design_text(m: dict) -> str:
             f"is none) at {d.get('level', TWO_STAGE_LEVEL):.1%} per look, so both looks keep ≥ 95%.")
 
 # %% ../nbs/07_report.ipynb #06d6fca9
+def _met_text(pair: tuple[int, int]) -> str:
+    "'k/n met' for a method's health or calibration checks; 'none' when it has none."
+    return f"{pair[0]}/{pair[1]} met" if pair[1] else "none"
+
+
 def _summary_rows(sections: list[dict]) -> list[str]:
     rows = ["| method | preset | paper claims: supported / contradicted / unresolved (of) | unresolved by reason | "
             "health | sanity | calibration | seeds | runtime |", "|---|---|---|---|---|---|---|---|---|"]
@@ -436,9 +441,9 @@ def _summary_rows(sections: list[dict]) -> list[str]:
         params = ", ".join(f"{k}={v}" for k, v in m["parameters"].items())
         rows.append(f"| [{esc(m['notebook'])}](#{m['anchor']}){esc(' · ' + params) if params else ''} | {esc(m['preset'])} | "
                     f"{c['supported']} / {c['contradicted']} / {c['unresolved']} ({m['n_paper']}){legacy}{status} | "
-                    f"{esc(_reasons_text(c))} | {m['health'][0]}/{m['health'][1]} met | "
+                    f"{esc(_reasons_text(c))} | {_met_text(m['health'])} | "
                     f"{'all true' if m['sanity_ok'] else '**not all true**'} ({m['n_sanity']}) | "
-                    f"{m['calibration'][0]}/{m['calibration'][1]} met | {_seed_text(m)} | {fmt(m['runtime_s'])} s |")
+                    f"{_met_text(m['calibration'])} | {_seed_text(m)} | {fmt(m['runtime_s'])} s |")
     return rows
 
 
@@ -508,8 +513,8 @@ figure img{max-width:100%}figcaption{font-size:85%;color:#444}details{margin:.5e
 {% for m in sections %}<tr><td><a href="#{{ m.anchor }}">{{ m.notebook }}</a>{% if m.parameters %} <small>{{ m.parameters|tojson }}</small>{% endif %}{% if m.failed %} <b>({{ m.failed|length }} failed)</b>{% endif %}</td><td>{{ m.preset }}</td>
 <td class="n {{ cls('supported') if m.counts.supported }}">{{ m.counts.supported }}</td><td class="n {{ cls('contradicted') if m.counts.contradicted }}">{{ m.counts.contradicted }}</td>
 <td class="n {{ cls('unresolved') if m.counts.unresolved }}">{{ m.counts.unresolved }}</td><td>{{ reasons(m.counts) }}</td><td class="n">{{ m.n_paper }}{% if m.legacy %} ({{ m.legacy }} single-measurement){% endif %}</td>
-<td>{{ m.health[0] }}/{{ m.health[1] }} met</td><td class="{{ 'ok' if m.sanity_ok else 'bad' }}">{{ 'all true' if m.sanity_ok else 'not all true' }} ({{ m.n_sanity }})</td>
-<td>{{ m.calibration[0] }}/{{ m.calibration[1] }} met</td><td>{{ seed_text(m) }}</td><td class="n">{{ fmt(m.runtime_s) }} s</td></tr>
+<td>{{ met(m.health) }}</td><td class="{{ 'ok' if m.sanity_ok else 'bad' }}">{{ 'all true' if m.sanity_ok else 'not all true' }} ({{ m.n_sanity }})</td>
+<td>{{ met(m.calibration) }}</td><td>{{ seed_text(m) }}</td><td class="n">{{ fmt(m.runtime_s) }} s</td></tr>
 {% endfor %}</table></div>
 {% for m in sections %}
 <h2 id="{{ m.anchor }}">{{ m.notebook }} · {{ m.preset }}{% if m.parameters %} · {{ m.parameters|tojson }}{% endif %}</h2>
@@ -542,7 +547,7 @@ def report_html(sections: list[dict], title: str, figures: dict) -> str:
     return env.from_string(_HTML).render(
         title=title, sections=sections, heads=headline_sections(sections), figures=figures, fmt=fmt,
         est=_estimate_text, thr=_threshold_text, ctrl=_control_text, cls=cls, evidence=evidence, smoke_note=SMOKE_NOTE,
-        seed_text=_seed_text, tally=tally_text, reasons=_reasons_text, vtext=verdict_text, hverdict=headline_verdict, design=_design_text,
+        seed_text=_seed_text, met=_met_text, tally=tally_text, reasons=_reasons_text, vtext=verdict_text, hverdict=headline_verdict, design=_design_text,
         paper=lambda m: sorted((c for c in m["claims"] if c["kind"] == "paper"), key=lambda c: not c.get("headline")))
 
 # %% ../nbs/07_report.ipynb #55bd9551

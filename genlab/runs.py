@@ -145,11 +145,30 @@ def notebook_module(path: Path) -> str | None:
     return None
 
 
+def _source_presets(path: Path) -> dict | None:
+    "`PRESETS` of a notebook that exports no module (a comparison): its code cells up to the one defining it, run apart."
+    cells = [c for c in read_notebook(path).get("cells", []) if c.get("cell_type") == "code"
+             and "parameters" not in c.get("metadata", {}).get("tags", [])]
+    upto = next((i for i, c in enumerate(cells) if re.search(r"^PRESETS\s*=", cell_source(c), re.M)), None)
+    if upto is None:
+        return None
+    import sys, types
+    mod = types.ModuleType(f"genlab_presets_of_{path.stem}")   # dataclasses look their module up in sys.modules
+    sys.modules[mod.__name__] = mod
+    ns = mod.__dict__
+    try:   # imports and the config dataclass only: the cells before PRESETS must not train
+        for c in cells[:upto + 1]:
+            exec(compile(cell_source(c), f"{path.name}", "exec"), ns)
+    except Exception as e:
+        raise RunError(f"{path.name}: cannot read its PRESETS (a cell before it failed: {type(e).__name__}: {e})") from e
+    return ns.get("PRESETS")
+
+
 def notebook_presets(path: Path) -> dict | None:
-    "The `PRESETS` dict of the notebook's module, or None when it defines none."
+    "The `PRESETS` dict of the notebook's module (or, for a notebook that exports none, of its source), or None."
     mod = notebook_module(path)
     if mod is None:
-        return None
+        return _source_presets(path)
     try:
         module = importlib.import_module(f"genlab.{mod}")
     except ImportError:

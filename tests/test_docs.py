@@ -264,3 +264,28 @@ def test_headless_chromium_finds_rendered_maths_and_figures(built, tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "tools" / "check_site.py"), str(broken), "--no-report"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 1 and "no rendered maths" in res.stderr, res.stdout + res.stderr
+
+
+def test_site_leaves_out_progress_bars_and_echoed_captions():
+    hooks = _hooks()
+    bar = {"output_type": "display_data", "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
+                                                   "text/plain": ["TinyGPT:   0%|          | 0/1200 [00:00<?, ?it/s]"]}}
+    err = {"output_type": "stream", "name": "stderr", "text": "fit:  10%|#   | 30/300 [00:01<00:09]\rfit:  20%|##  | 60/300"}
+    warn = {"output_type": "stream", "name": "stderr", "text": "UserWarning: 50% of the rows | 3/30 dropped\n"}
+    fig = {"output_type": "display_data", "data": {"image/png": "iVBOR", "text/plain": "<Figure>"}}
+    cap = {"output_type": "display_data", "data": {"application/vnd.genlab.record+json": {"kind": "caption", "text": "Paths."},
+                                                   "text/plain": "Figure: Paths."}}
+    echo = {"output_type": "execute_result", "data": {"text/plain": "'Paths.'"}}
+    value = {"output_type": "execute_result", "data": {"text/plain": "'another string'"}}
+    nb = {"metadata": {"widgets": {}}, "cells": [{"cell_type": "code", "outputs": [bar, err, warn, fig, cap, echo, value]}]}
+    assert hooks._strip_for_site(nb)["cells"][0]["outputs"] == [warn, fig, cap, value] and "widgets" not in nb["metadata"]
+
+
+def test_report_page_colours_verdicts_and_its_tables_scroll(built):
+    html = (built / "site" / "report" / "index.html").read_text(encoding="utf-8")
+    assert re.search(r'<td class="genlab-(supported|contradicted|unresolved)">', html)
+    css = next((built / "site" / "assets").glob("genlab.css")).read_text()
+    assert re.search(r"\.md-typeset__scrollwrap \{ overflow-x: auto; \}", css)
+    for stem in _method_slugs(built).values():             # no frozen progress bar on an executed page
+        page = (built / "site" / stem / "index.html").read_text(encoding="utf-8")
+        assert not re.search(r"\d+%\|[^<|]*\|\s*\d+/\d+", page), stem

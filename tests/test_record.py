@@ -48,7 +48,7 @@ def test_record_returns_value_and_jsonable():
 def test_prose_helpers():
     assert fmt(0.000123456) == "0.000123" and fmt(12345.6) == "12346" and fmt(2) == "2"
     assert esc("a|b\nc") == "a\\|b c"
-    assert md("x") == "x" and caption("the figure", claims=["C1"]) == "the figure"
+    assert md("x") is None and caption("the figure", claims=["C1"]) is None   # displayed once, no Out[] echo
 
 
 def test_paper_refuses_controls_that_cannot_fail_and_deterministic_claims():
@@ -93,7 +93,7 @@ def test_health_checks_gate_the_claims_that_name_them(monkeypatch):
     c.summary()
     import genlab.record as rec
     shown = []
-    monkeypatch.setattr(rec, "md", lambda text: shown.append(text) or text)   # whatever the display (kernel or not)
+    monkeypatch.setattr(rec, "md", lambda text: shown.append(text))   # whatever the display (kernel or not)
     Claims(headline="C9").summary()                       # a section without its headline says so, and runs on
     assert any("C9' was not recorded" in t for t in shown)
 

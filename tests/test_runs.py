@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from genlab.runs import (RunError, execute_point, load_records, load_sweep, make_point, notebook_parameters,
+from genlab.runs import (RunError, execute_point, find_notebook, load_records, load_sweep, make_point, notebook_parameters,
                          read_records, report, run_points, sweep_points, validate_parameters)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -368,3 +368,16 @@ def test_cli_refuses_a_negative_timeout_and_suggests_a_close_notebook_name():
     assert res.returncode == 2 and "did you mean 'flow_matching'" in res.stderr
     res = cli("run", "flow_matching", "--timeout", "-1")
     assert res.returncode == 2 and "--timeout" in res.stderr
+
+
+def test_params_of_a_comparison_notebook_show_types_presets_and_meanings():
+    from genlab.cli import params_table
+    text = params_table("flows_compared")          # no module: its PRESETS are read from the notebook source
+    head = text.splitlines()[2]
+    assert "smoke" in head and "full" in head and "meaning" in head
+    row = next(l for l in text.splitlines() if l.startswith("steps "))
+    assert " int " in row and "1500" in row and "optimiser steps" in row
+    batch = next(l for l in text.splitlines() if l.startswith("batch "))
+    assert "(config field)" in batch and "'(config field)'" not in batch
+    with pytest.raises(RunError, match="unknown preset 'fast'.*allowed: smoke, full"):
+        validate_parameters(find_notebook("flows_compared"), {}, preset="fast")

@@ -62,6 +62,12 @@ SITE_CSS = """/* genlab site: wide code and output scroll sideways instead of be
 .jupyter-wrapper .jp-OutputArea-output img { max-width: 100%; height: auto; }
 .md-typeset pre > code { overflow-x: auto; }
 mjx-container[display="true"] { overflow-x: auto; overflow-y: hidden; max-width: 100%; }
+.md-typeset__scrollwrap { overflow-x: auto; }     /* wide tables (the claims report's summary) scroll, never clip */
+.md-typeset__table { max-width: none; }
+.md-typeset table:not([class]) { display: table; max-width: none; }
+.md-typeset td.genlab-supported { background: #e6f4ea; }  /* verdict colours, as on report.html */
+.md-typeset td.genlab-contradicted { background: #fce8e6; }
+.md-typeset td.genlab-unresolved { background: #fef7e0; }
 .genlab-banner { border-left: 4px solid var(--md-primary-fg-color, #3f51b5); padding: .4em .8em; margin: .5em 0 1em; }
 """
 _NB_RE = re.compile(r"^(\d\d)[a-z]?_(\w+)\.ipynb$")
@@ -145,9 +151,56 @@ def _banner_cell(text: str) -> dict:
     return {"cell_type": "markdown", "id": "genlab-site-banner", "metadata": {}, "source": f'<div class="genlab-banner">\n\n{text}\n\n</div>'}
 
 
+_PROGRESS = re.compile(r"\d+%\|.*\|\s*\d+/\d+")   # a tqdm line: "desc:  40%|####      | 1200/3000 [..]"
+
+
+def _is_progress_bar(out: dict) -> bool:
+    "A progress bar frozen in an executed notebook: a tqdm widget (its text fallback is the bar) or tqdm's stderr lines."
+    data = out.get("data", {})
+    if "application/vnd.jupyter.widget-view+json" in data:
+        text = data.get("text/plain", "")
+        return bool(_PROGRESS.search("".join(text) if isinstance(text, list) else str(text)))
+    if out.get("output_type") == "stream" and out.get("name") == "stderr":
+        lines = [l for l in re.split(r"[\r\n]", "".join(out.get("text", ""))) if l.strip()]
+        return bool(lines) and all(_PROGRESS.search(l) for l in lines)
+    return False
+
+
+def _shown_texts(outputs: list[dict]) -> set[str]:
+    "Texts a cell already displayed: markdown outputs and genlab captions (as shown, and as recorded)."
+    texts = set()
+    for o in outputs:
+        data = o.get("data", {})
+        for key in ("text/markdown", "text/plain"):
+            if key in data and o.get("output_type") == "display_data":
+                v = data[key]
+                texts.add(("".join(v) if isinstance(v, list) else str(v)).strip())
+        rec = data.get("application/vnd.genlab.record+json")
+        if isinstance(rec, dict) and rec.get("kind") == "caption":
+            texts.add(str(rec.get("text", "")).strip())
+    return texts
+
+
+def _is_echo(out: dict, shown: set[str]) -> bool:
+    "An `Out[]` that repeats, as a quoted string, what the cell already displayed (older `md()`/`caption()` returned it)."
+    if out.get("output_type") != "execute_result":
+        return False
+    v = out.get("data", {}).get("text/plain", "")
+    v = ("".join(v) if isinstance(v, list) else str(v)).strip()
+    try:
+        text = ast.literal_eval(v) if v[:1] in "'\"" else None
+    except (ValueError, SyntaxError):
+        return False
+    return isinstance(text, str) and bool(text.strip()) and text.strip() in shown
+
+
 def _strip_for_site(nb: dict) -> dict:
     # widget state would make the template load a widget manager from a CDN; the outputs keep their snapshots
     nb.get("metadata", {}).pop("widgets", None)
+    for cell in nb.get("cells", []):            # progress bars say nothing on a static page: leave them out
+        if cell.get("outputs"):
+            shown = _shown_texts(cell["outputs"])   # and a caption or note is shown once, not again as Out[]
+            cell["outputs"] = [o for o in cell["outputs"] if not _is_progress_bar(o) and not _is_echo(o, shown)]
     return nb
 
 
@@ -479,8 +532,18 @@ def on_config(config, **kwargs):
     return config
 
 
+_VERDICT_CELL = re.compile(r"<td>((?:<strong>)?(supported|contradicted|unresolved)\b)")
+
+
+def colour_verdicts(html: str) -> str:
+    "Give each table cell that starts with a verdict its colour class (the claims report's tables, as report.html has)."
+    return _VERDICT_CELL.sub(lambda m: f'<td class="genlab-{m.group(2)}">{m.group(1)}', html)
+
+
 def on_post_page(output, page, config, **kwargs):
-    "Remove scripts that would come from a CDN (and the empty MathJax-2 tag of the notebook template)."
+    "Remove scripts that would come from a CDN (and the empty MathJax-2 tag of the notebook template); colour verdicts."
+    if page.file.src_uri.startswith("report/"):
+        output = colour_verdicts(output)
     output = _REMOTE_SCRIPT.sub("", output)
     output = _EMPTY_SCRIPT.sub("", output)
     output = _MODULE_IMPORTING_REMOTE.sub("", output)
