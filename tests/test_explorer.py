@@ -182,8 +182,24 @@ def _run_all(page, url, timeout_ms):
     "Open a notebook, wait for its kernel, Run > Run All Cells, wait until every code cell has run (or one failed)."
     page.goto(url)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-    page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
+    # The toolbar's indicator is idle before the kernel session is attached; Run All in that window opens
+    # JupyterLab's "Select Kernel" dialog or runs nothing. Wait for the status bar's "<kernel> | Idle", accept the
+    # dialog's preselected kernel if it is shown (as a user would), and click again until a cell has started.
+    page.wait_for_function("() => /\\| Idle/.test(document.body.innerText)", timeout=60_000, polling=250)
+    for attempt in range(4):
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():
+            dialog.get_by_role("button", name="Select").click()
+            page.wait_for_function("() => /\\| Idle/.test(document.body.innerText)", timeout=60_000, polling=250)
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        page.locator(".lm-Menu-item", has_text="Run All Cells").first.click()
+        try:
+            page.wait_for_function(f"() => ({PROMPTS})().some(t => /^\\[(\\*|\\d+)\\]:$/.test(t))",
+                                   timeout=15_000, polling=250)
+            break
+        except Exception:
+            if attempt == 3:
+                raise
     page.wait_for_function(f"() => ({PROMPTS})().every(t => /^\\[\\d+\\]:$/.test(t)) || ({ERRORS})().length > 0",
                            timeout=timeout_ms, polling=500)
     assert page.evaluate(ERRORS) == []
