@@ -235,11 +235,24 @@ def effect(est: Estimate, stat: str) -> str:
     return f"> {null:g}" if est.lo > null else f"< {null:g}" if est.hi < null else f"contains {null:g}"
 
 # %% ../nbs/05a_stats.ipynb #b27b5433
+def _as_number(x) -> float | None:
+    "A health value as a float: records write inf and nan as strings ('inf', 'Infinity', 'nan'); None if not a number."
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
 def _precondition_text(r: dict) -> str:
+    "'name (value vs direction target)' of a missed precondition; the worst of a list; inf or text values as they are."
     if r.get("value") is None or r.get("target") is None:
         return str(r["name"])
-    v = r["value"] if not isinstance(r["value"], list) else (min if r.get("direction", ">=") in (">", ">=") else max)(r["value"])
-    return f"{r['name']} ({v:.3g} vs {r.get('direction', '>=')} {r['target']:.3g})"
+    vals = [_as_number(x) for x in (r["value"] if isinstance(r["value"], list) else [r["value"]])]
+    t = _as_number(r["target"])
+    if t is None or any(v is None for v in vals) or not vals:
+        return f"{r['name']} ({r['value']} vs {r.get('direction', '>=')} {r['target']})"
+    v = (min if r.get("direction", ">=") in (">", ">=") else max)(vals)
+    return f"{r['name']} ({v:.3g} vs {r.get('direction', '>=')} {t:.3g})"
 
 
 def _unresolved(out: dict, code: str, text: str, detail: str = "") -> dict:

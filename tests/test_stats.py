@@ -111,6 +111,17 @@ def test_missed_precondition_leaves_a_claim_unresolved_and_pools_as_all():
     assert evaluate(pool([{**r, "requires": [{"name": "calibrated", "ok": True}]} for r in runs]))["verdict"] == "supported"
 
 
+def test_missed_precondition_with_an_infinite_or_text_value_is_named_not_a_crash():
+    "A health value of inf (written as the string 'inf' or 'Infinity' in records) is shown as it is in the reason."
+    spec = {"name": "C", "values": [0.2, 0.25, 0.22], "baseline": [1.0, 1.1, 0.9], "stat": "ratio",
+            "threshold": 0.7, "direction": "<=", "control": {"name": "k", "values": [1.0, 1.1, 0.95]}}
+    for value, shown in ((float("inf"), "inf vs <= 0.02"), ("inf", "inf vs <= 0.02"), ("Infinity", "inf vs <= 0.02"),
+                         ([0.01, "Infinity"], "inf vs <= 0.02"), ("diverged", "diverged vs <= 0.02")):
+        r = evaluate({**spec, "requires": [{"name": "plateau", "ok": False, "value": value, "target": 0.02,
+                                            "direction": "<="}]})
+        assert r["reason_code"] == "precondition unmet" and f"plateau ({shown})" in r["reason"], (value, r["reason"])
+
+
 def test_median_bootstrap_interval():
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.normal(1.0, 0.1, 40), [50.0, 80.0]])      # two outliers pull the mean, not the median
