@@ -281,9 +281,17 @@ def test_site_leaves_out_progress_bars_and_echoed_captions():
     assert hooks._strip_for_site(nb)["cells"][0]["outputs"] == [warn, fig, cap, value] and "widgets" not in nb["metadata"]
 
 
+def test_colour_verdicts_marks_verdict_cells_and_nonzero_tally_counts():
+    hooks = _hooks()
+    html = hooks.colour_verdicts("<td>supported</td><td>8 / 0 / 3 (11)</td><td>text</td>")
+    assert html == ('<td class="genlab-supported">supported</td><td><span class="genlab-supported">8</span> / 0 / '
+                    '<span class="genlab-unresolved">3</span> (11)</td><td>text</td>')
+
+
 def test_report_page_colours_verdicts_and_its_tables_scroll(built):
     html = (built / "site" / "report" / "index.html").read_text(encoding="utf-8")
     assert re.search(r'<td class="genlab-(supported|contradicted|unresolved)">', html)
+    assert re.search(r'<td><span class="genlab-supported">\d+</span> / ', html)  # the summary's tally, coloured
     css = next((built / "site" / "assets").glob("genlab.css")).read_text()
     assert re.search(r"\.md-typeset__scrollwrap \{ overflow-x: auto; \}", css)
     for stem in _method_slugs(built).values():             # no frozen progress bar on an executed page

@@ -68,6 +68,9 @@ mjx-container[display="true"] { overflow-x: auto; overflow-y: hidden; max-width:
 .md-typeset td.genlab-supported { background: #e6f4ea; }  /* verdict colours, as on report.html */
 .md-typeset td.genlab-contradicted { background: #fce8e6; }
 .md-typeset td.genlab-unresolved { background: #fef7e0; }
+.md-typeset span.genlab-supported { background: #e6f4ea; padding: 0 .3em; }  /* the summary's tally counts */
+.md-typeset span.genlab-contradicted { background: #fce8e6; padding: 0 .3em; }
+.md-typeset span.genlab-unresolved { background: #fef7e0; padding: 0 .3em; }
 .genlab-banner { border-left: 4px solid var(--md-primary-fg-color, #3f51b5); padding: .4em .8em; margin: .5em 0 1em; }
 """
 _NB_RE = re.compile(r"^(\d\d)[a-z]?_(\w+)\.ipynb$")
@@ -535,9 +538,20 @@ def on_config(config, **kwargs):
 _VERDICT_CELL = re.compile(r"<td>((?:<strong>)?(supported|contradicted|unresolved)\b)")
 
 
+_COUNTS_CELL = re.compile(r"<td>(\d+) / (\d+) / (\d+) \((\d+)\)</td>")
+
+
+def _counts(m: re.Match) -> str:
+    "supported / contradicted / unresolved (of): each nonzero count in its verdict's colour, as report.html has."
+    parts = [f'<span class="genlab-{v}">{n}</span>' if int(n) else n
+             for v, n in zip(("supported", "contradicted", "unresolved"), m.groups()[:3])]
+    return f"<td>{' / '.join(parts)} ({m.group(4)})</td>"
+
+
 def colour_verdicts(html: str) -> str:
-    "Give each table cell that starts with a verdict its colour class (the claims report's tables, as report.html has)."
-    return _VERDICT_CELL.sub(lambda m: f'<td class="genlab-{m.group(2)}">{m.group(1)}', html)
+    "Colour each table cell that starts with a verdict, and the nonzero counts of the summary's tally cells (as report.html)."
+    html = _VERDICT_CELL.sub(lambda m: f'<td class="genlab-{m.group(2)}">{m.group(1)}', html)
+    return _COUNTS_CELL.sub(_counts, html)
 
 
 def on_post_page(output, page, config, **kwargs):
