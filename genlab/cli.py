@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             recs = run_points(points, out, workers=args.workers, scheduler=args.scheduler,
                               retry_failed=args.retry_failed)
             if not args.no_report:
-                print(f"report: {report(out, title=f'sweep {sw.name}')}")
+                page = report(out, title=f'sweep {sw.name}')
+                print(f"report: {page.with_suffix('.html')} (open it in a browser; markdown: {page})")
             return 0 if all(r["status"] == "ok" for r in recs) else 1
         if args.cmd == "claims":
             print(claims_text(args.slug, args.folder), end="")
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             print(compare(args.a, args.b, only=args.only))
             return 0
         if args.cmd == "report":
-            print(report(args.folder, recursive=args.recursive))
+            page = report(args.folder, recursive=args.recursive)
+            print(f"{page.with_suffix('.html')} (open it in a browser; markdown: {page})")
             if args.against:
                 print(compare(args.against, args.folder))
             return 0

@@ -773,7 +773,8 @@ def reproduce(preset: str = "smoke", *, only: Iterable[str] | None = None, out: 
         prune_notebooks(out, collect_records(out))
     path = report(out, title=f"genlab results ({preset} preset)")
     failed = [r["id"] for r in recs if r["status"] != "ok"]
-    print(f"report: {path}" + (f"; failed: {failed}" if failed else ""))
+    print(f"report: {path.with_suffix('.html')} (open it in a browser; markdown: {path})"
+          + (f"; failed: {failed}" if failed else ""))
     return path
 
 # %% ../nbs/08_runs.ipynb #853578ac

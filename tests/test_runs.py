@@ -169,6 +169,7 @@ def test_cli_run_and_report(tmp_path):
     assert '"status": "ok"' in res.stdout
     res = cli("report", str(tmp_path))
     assert res.returncode == 0 and (tmp_path / "report.md").is_file()
+    assert f"{tmp_path / 'report.html'} (open it in a browser" in res.stdout  # the page the README points to
     res = cli("run", str(FIX), "-p", "fail", "true", "--out", str(tmp_path / "f"))
     assert res.returncode == 1 and "fails on purpose" in res.stdout
 
