@@ -23,7 +23,7 @@ __all__ = ['PRESETS', 'MMD_BANDWIDTHS', 'G1_MEAN', 'G1_CHOL', 'RING', 'BANANA_SI
            'gaussian_exact_velocity', 'velocity_rel_error', 'mmd2', 'sample_g1', 'ring_centres', 'mean_cov_errors',
            'memorisation_ratio', 'within_mode_rms', 'frac_far', 'kde_bootstrap', 'bootstrap_memoriser',
            'moment_matched_gaussian', 'banana_logpost', 'banana_score', 'banana_grid', 'banana_exact_samples',
-           'banana_rwm', 'in_hpd_fraction', 'svgd']
+           'banana_rwm', 'in_hpd_fraction', 'svgd', 'kfold_splits', 'kfold_steps']
 
 # %% ../nbs/14_stein_transport.ipynb #eef12f71
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SteinConfig:
-    seed: int = param(0, lo=0, help="run seed; the per-seed experiments use seeds seed + 0..n_seeds-1")
+    seed: int = param(0, lo=0, help="run seed; the per-seed experiments use seeds seed + 0, 1, ...")
     T: float = param(4.0, lo=0, lo_open=True, help="OU horizon (eq. 3)")
     K: int = param(60, lo=1, help="number of Euler steps on the geometric grid (eq. 12)")
     eps: float = param(1e-3, lo=0, hi=1, lo_open=True, hi_open=True, help="stop at t = 1 - eps")
@@ -43,20 +43,25 @@ class SteinConfig:
     variant: str = param("v1", choices=("v1", "v2"), help="v1: velocity KRR (eq. 11); v2: Stein-operator KRR (eq. 9)")
     n_particles: int = param(2000, lo=2, help="generated samples per run (G1, G2)")
     n_eval: int = param(2000, lo=2, help="fresh target samples for the metrics (test), and for validation (B2)")
-    n_seeds: int = param(5, lo=1, help="seeds of G1, G3 and the neural comparison")
-    g2_seeds: int = param(8, lo=1, help="seeds of G2 (C2, C5); at least n_seeds: the neural comparison reuses the first G2 seeds")
+    n_seeds: int = param(5, lo=1, help="seeds of G3 (C4)")
+    fm_seeds: int = param(8, lo=1, help="seeds of the neural comparison (C3, the headline): the first fm_seeds G2 seeds")
+    g1_seeds: int = param(16, lo=1, help="seeds of G1 (C1)")
+    g2_seeds: int = param(20, lo=1, help="seeds of G2 (C2, C5); at least fm_seeds: the neural comparison reuses the first G2 seeds")
     n_small: int = param(64, lo=3, help="G2 small-data training-set size (at least d + 1 = 3 for a full-rank standardisation and kernel system)")
     n_large: int = param(256, lo=3, help="G2 larger training-set size (consistency, C5)")
     g1_n: int = param(200, lo=3, help="G1 training-set size")
     banana_n_in: int = param(200, lo=3, help="posterior samples given to the emulator")
     banana_n_out: int = param(3000, lo=2, help="emulated samples")
     banana_input: str = param("rwm", choices=("grid", "rwm"), help="the input C4 decides: 'rwm' (thinned random-walk Metropolis) or 'grid' (exact)")
+    memoriser_jitter: float = param(0.02, lo=0, lo_open=True, help="near-copy control of C2d/C4d: training points + jitter·N(0, I), in data units")
     rwm_step: float = param(0.5, lo=0, lo_open=True, help="random-walk Metropolis proposal sd")
     rwm_burn: int = param(2000, lo=0, help="random-walk Metropolis burn-in steps")
     rwm_thin: int = param(25, lo=1, help="keep every rwm_thin-th Metropolis sample")
     fm_max_steps: int = param(16000, lo=1, help="neural flow-matching baseline: at most this many Adam steps (constant lr)")
     fm_eval_every: int = param(1000, lo=1, help="validation MMD² every this many steps")
     fm_patience: int = param(4, lo=1, help="stop after this many evaluations without a new best checkpoint")
+    fm_folds: int = param(4, lo=2, help="k of the k-fold choice of the I-CFM's step count on the n_small training points (C3)")
+    fm_fold_particles: int = param(1000, lo=2, help="ODE samples per k-fold evaluation (held-out MMD²)")
     fm_batch: int = param(256, lo=1, help="neural flow-matching minibatch size")
     fm_lr: float = param(1e-3, lo=0, lo_open=True, help="neural flow-matching Adam learning rate")
     svgd_particles: int = param(500, lo=2, help="exact-score SVGD oracle on the banana")
@@ -65,13 +70,15 @@ class SteinConfig:
     bench_sizes: tuple = param((256, 512, 1024, 2048), lo=2, each=True, help="M values of the solve-time benchmark")
 
     def validate(self):
-        check_range("g2_seeds", self.g2_seeds, self.n_seeds)  # the neural comparison reuses the first G2 seeds
+        check_range("g2_seeds", self.g2_seeds, self.fm_seeds)  # the neural comparison reuses the first G2 seeds
+        check_range("fm_folds", self.fm_folds, 2, self.n_small // 2)  # every fold keeps at least 2 held-out points
+        check_range("fm_eval_every", self.fm_eval_every, 1, self.fm_max_steps)  # every I-CFM run is evaluated at least once
         return self
 
 
 PRESETS = {
-    "smoke": SteinConfig(K=30, m_target=256, n_particles=1000, n_eval=1000, n_seeds=1, g2_seeds=1,
-                         banana_n_out=1000, fm_max_steps=500, fm_eval_every=250, svgd_particles=200,
+    "smoke": SteinConfig(K=30, m_target=256, n_particles=1000, n_eval=1000, n_seeds=1, g1_seeds=1, fm_seeds=1, g2_seeds=1,
+                         banana_n_out=1000, fm_max_steps=500, fm_eval_every=250, fm_folds=2, fm_fold_particles=300, svgd_particles=200,
                          svgd_steps=300, bench_sizes=(128, 256, 512)),
     "full": SteinConfig(),
 }
@@ -446,3 +453,25 @@ def svgd(x: torch.Tensor,  # (n, d) initial particles
         hist = phi ** 2 if it == 0 else alpha * hist + (1 - alpha) * phi ** 2
         x = x + lr * phi / (1e-6 + hist.sqrt())
     return x
+
+# %% ../nbs/14_stein_transport.ipynb #b7e1c2a0
+def kfold_splits(n: int,  # number of training points
+                 k: int,  # number of folds
+                 generator: torch.Generator | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    "k (train, held-out) index pairs: a random permutation of range(n) cut into k near-equal held-out folds."
+    check_range("k", k, 2, n)
+    folds = torch.tensor_split(torch.randperm(n, generator=generator), k)
+    return [(torch.cat([f for j, f in enumerate(folds) if j != i]), folds[i]) for i in range(k)]
+
+
+def kfold_steps(best_steps: list[int],  # each fold model's best step on its held-out fold
+                every: int,  # the evaluation interval: the step count is a multiple of it
+                ) -> int:
+    "The k-fold rule, fixed before any test metric: the mean of the folds' best steps, rounded to the evaluation grid (≥ every)."
+    check_range("every", every, 1)
+    if len(best_steps) == 0:
+        raise ParameterError("best_steps is empty: no fold was evaluated")
+    if min(best_steps) < 1:
+        raise ParameterError(f"best_steps must be steps >= 1 (a fold evaluated at least once), got {list(best_steps)}")
+    return max(every, every * round(float(np.mean(best_steps)) / every))
+

@@ -13,7 +13,8 @@ from genlab.stein_transport import (PRESETS, banana_exact_samples, banana_rwm, b
                                     conditional_dlogrho, conditional_score, gaussian_exact_velocity, in_hpd_fraction,
                                     kernel_bandwidth, krr_fit, krr_predict, ksd_u, memorisation_ratio, ou_coefficients,
                                     ou_pairs, rbf_kernel, sample_g1, RING, stein_fit, stein_gram, stein_predict,
-                                    stein_transport, time_grid, velocity_rel_error, within_mode_rms, ring_centres)
+                                    stein_transport, time_grid, velocity_rel_error, within_mode_rms, ring_centres,
+                                    kfold_splits, kfold_steps)
 
 T = 4.0
 
@@ -269,8 +270,64 @@ def test_bad_input_raises_before_any_solve(bad, name):
 
 @pytest.mark.parametrize("override", [dict(lam=-1.0), dict(h0=0.0), dict(n_small=2), dict(K=0),
                                       dict(variant="v9"), dict(eps=1.5), dict(m_target=0), dict(g2_seeds=0),
-                                      dict(banana_input="emcee"), dict(fm_max_steps=0)])
+                                      dict(banana_input="emcee"), dict(fm_max_steps=0), dict(fm_folds=1),
+                                      dict(fm_folds=33), dict(fm_eval_every=501)])
 def test_config_rejects_out_of_domain(override):
     name = next(iter(override))
     with pytest.raises(ParameterError, match=name):
         resolve(PRESETS, "smoke", **override)
+
+
+def test_config_relations_between_fields():
+    "The neural comparison reuses the first G2 seeds: g2_seeds < fm_seeds is refused, naming g2_seeds."
+    with pytest.raises(ParameterError, match="g2_seeds"):
+        resolve(PRESETS, "full", fm_seeds=8, g2_seeds=5)
+    assert resolve(PRESETS, "full", fm_folds=32).fm_folds == 32  # n_small // 2: every fold keeps 2 held-out points
+
+
+# ---------------------------------------------------------------- k-fold choice of the I-CFM's step count (C3)
+@pytest.mark.parametrize("n, k", [(64, 4), (10, 3), (7, 7), (65, 4)])
+def test_kfold_splits_partition_the_points(n, k):
+    "Held-out folds partition range(n) (brute force), sizes differ by at most 1, train = complement of held-out."
+    splits = kfold_splits(n, k, torch.Generator().manual_seed(3))
+    assert len(splits) == k
+    held = torch.cat([h for _, h in splits]).tolist()
+    assert sorted(held) == list(range(n))
+    sizes = [len(h) for _, h in splits]
+    assert max(sizes) - min(sizes) <= 1
+    for tr, h in splits:
+        assert sorted(tr.tolist() + h.tolist()) == list(range(n))
+        assert set(tr.tolist()).isdisjoint(h.tolist())
+
+
+def test_kfold_splits_are_seeded_and_shuffled():
+    a = kfold_splits(64, 4, torch.Generator().manual_seed(5))
+    b = kfold_splits(64, 4, torch.Generator().manual_seed(5))
+    c = kfold_splits(64, 4, torch.Generator().manual_seed(6))
+    assert all(torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    assert any(not torch.equal(x[1], y[1]) for x, y in zip(a, c))
+    assert a[0][1].tolist() != list(range(16))  # a permutation, not contiguous blocks
+
+
+@pytest.mark.parametrize("best, every, want", [
+    ([4000, 7000, 6000, 4000], 1000, 5000),  # mean 5250 -> nearest grid point
+    ([3000, 3000, 4000, 4000], 1000, 4000),  # mean 3500: Python's round-half-even gives 4
+    ([1000], 1000, 1000), ([250, 250], 1000, 1000),  # never below one evaluation interval
+    ([250, 500, 750], 250, 500), ([16000] * 4, 1000, 16000),
+])
+def test_kfold_steps_is_the_mean_on_the_grid(best, every, want):
+    got = kfold_steps(best, every)
+    assert got == want and got % every == 0
+    # brute force: the grid point nearest the mean (ties aside), at least one interval
+    mean = sum(best) / len(best)
+    assert abs(got - max(every, mean)) <= every / 2 + 1e-9
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: kfold_splits(5, 1), "k"), (lambda: kfold_splits(5, 6), "k"),
+    (lambda: kfold_steps([], 1000), "best_steps"), (lambda: kfold_steps([-1, 2000], 1000), "best_steps"),
+    (lambda: kfold_steps([1000], 0), "every"),
+])
+def test_kfold_bad_input(call, name):
+    with pytest.raises(ParameterError, match=name):
+        call()
