@@ -39,7 +39,8 @@ METHODS = {  # name -> how the residual and the κ schedule are built (spec §5 
     "floor": dict(loss="floor"),                             # biased reward-floor TB, R' = R + κ_f Z/|X|
     "stable": dict(loss="stable"),                           # Stable-GFN: cfg.kappa_rule (default anneal), cfg.ref_sampling
     "stable_ref": dict(loss="stable", rule="anneal", ref=True),   # Stable + reference-flow sampling
-    "stable_k0": dict(loss="stable", rule="fixed", kappa=0.0),    # the Stable code path with the floor removed (= TB)
+    "stable_k0": dict(loss="stable", rule="fixed", kappa=0.0),    # the Stable code path with the floor removed (= TB; guard U8)
+    "stable_kmin": dict(loss="stable", rule="fixed", kappa="kappa_min"),  # negative control: fixed floor at the schedule's κ_min
     "spike_tb": dict(loss="stable", rule="spike_tb"),        # ablation: κ doubled on plain-TB spikes (the earlier default)
     "spike_opt": dict(loss="stable", rule="spike_opt"),      # ablation: κ doubled on spikes of the optimised loss
     **{f"stable_k{k:g}": dict(loss="stable", rule="fixed", kappa=k) for k in (0.01, 0.1, 0.3, 1.0, 3.0)},
@@ -75,7 +76,7 @@ class StableGFNConfig:
     ref_sampling: bool = param(False, help="reference-flow sampling in the `stable` method (always on in `stable_ref`)")
     alpha0: float = param(0.25, lo=0, hi=1, help="reference fraction α_t = α0 κ_t/(1+κ_t)")
     floor_kappa: float = param(0.1, lo=0, help="κ of the log-flow floor")
-    methods: tuple[str, ...] = param(("tb", "stable", "stable_k0"), help="main hypergrid")
+    methods: tuple[str, ...] = param(("tb", "stable", "stable_kmin"), help="main hypergrid")
     extend: bool = param(True, help="extend every arm of a setting once (×1.5 steps) if TB's or Stable's TV still falls")
     sparse_R0: float = param(1e-5, lo=0, lo_open=True, help="base reward of the sparse hypergrid")
     sparse_methods: tuple[str, ...] = param((), help="sparse hypergrid (empty = skip)")
@@ -105,15 +106,15 @@ class StableGFNConfig:
                 check_choice(name, m, METHODS)
 
 
-MAIN_FULL = ("tb", "stable", "stable_ref", "stable_k0", "spike_tb", "spike_opt",
+MAIN_FULL = ("tb", "stable", "stable_ref", "stable_kmin", "spike_tb", "spike_opt",
              *(f"stable_k{k:g}" for k in FIXED_KAPPAS), "tb_clip", "cosh", "floor")
 PRESETS = {
     "smoke": StableGFNConfig(),
     "full": StableGFNConfig(n_seeds=5, H=16, n_steps=2000, hidden=128, eval_every=100, methods=MAIN_FULL,
-                            sparse_methods=("tb", "stable", "stable_k0"),
-                            n_bits=16, k=4, n_modes=8, bitseq_T=(1.0, 0.5), bitseq_steps=2000,
-                            bitseq_methods=("tb", "stable", "stable_k0"), d4_steps=1000, d4_seeds=3,
-                            robust_methods=("tb", "stable", "stable_k0"), n_cert_policies=150),
+                            sparse_methods=("tb", "stable", "stable_kmin"),
+                            n_bits=16, k=4, n_modes=8, bitseq_T=(1.0, 0.5, 0.25), bitseq_steps=2000,
+                            bitseq_methods=("tb", "stable", "stable_kmin"), d4_steps=1000, d4_seeds=3,
+                            robust_methods=("tb", "stable", "stable_kmin"), n_cert_policies=150),
 }
 
 # %% ../nbs/20_stable_gfn.ipynb #7bf7baba
@@ -410,6 +411,8 @@ def certificates(env: GraphEnv, logpf: torch.Tensor, log_z: float, kappas=(0.0,)
     e1, e2 = delta_moments(env, logpf, log_z)
     var = max(e2 - e1 * e1, 0.0)
     B = max(dmax - e1, e1 - dmin, 0.0)
+    dev_hi, dev_lo = a_hi - env.log_r - e1, e1 - (a_lo - env.log_r)      # per terminal: largest deviation of δ from E δ
+    xb = int(dev_hi.argmax()) if float(dev_hi.max()) >= float(dev_lo.max()) else int(dev_lo.argmax())   # the terminal setting B
     t2 = min(1.0, math.sqrt(_g(B) * var / 2))
     t3 = {}
     for kap in kappas:
@@ -422,7 +425,8 @@ def certificates(env: GraphEnv, logpf: torch.Tensor, log_z: float, kappas=(0.0,)
     ratio = (mass_t / mass_pi).tolist()   # per-mode mass ratio m_j = P_T(region j) / π(region j)
     return dict(tv=tv, kl=kl, T1=t1, T2=t2, T3=t3, C=c_star, B=B, var_delta=var, max_abs_delta=max(abs(dmax), abs(dmin)),
                 loss_onpolicy=e2, modes=int(sum(r >= 0.5 for r in ratio)), n_modes=int(env.regions.shape[0]),
-                mass_ratio=ratio, min_mass_ratio=min(ratio) if ratio else float("nan"), logz_err=abs(log_z - env.log_z_star), log_pt=log_pt)
+                mass_ratio=ratio, min_mass_ratio=min(ratio) if ratio else float("nan"), logz_err=abs(log_z - env.log_z_star), log_pt=log_pt,
+                B_log_r=float(env.log_r[xb]), B_log_pt=float(log_pt[xb]))
 
 
 def violations(c: dict, tol: float = 1e-9) -> int:
@@ -510,18 +514,19 @@ def _sample_from_table(env: GraphEnv, table: torch.Tensor, n: int, gen: torch.Ge
     step = torch.where(env.mask, env.child, S)
     step[:, env.stop] = S                                                      # stopping absorbs the walker
     step = torch.cat([step, torch.full((1, A), S, dtype=torch.long)])
-    u = 1.0 - torch.rand(L, n, generator=gen, dtype=cdf.dtype)                 # u in (0, 1]: a = #{a': cdf(a') < u}
-    s = env.levels[0].expand(n).clone()
+    u = (1.0 - torch.rand(L, n, generator=gen, dtype=cdf.dtype)).numpy()       # u in (0, 1]: a = #{a': cdf(a') < u}
+    cdf_np, step_np = cdf.numpy(), step.numpy()        # the loop runs on small arrays: numpy's per-op cost is a fraction of torch's
+    s = np.full(n, int(env.levels[0][0]))
     walk_s, walk_a = [], []
     for t in range(L):
-        a = (cdf.index_select(0, s) < u[t, :, None]).sum(1)  # never an action of zero probability (cdf = predecessor's)
+        a = (cdf_np[s] < u[t, :, None]).sum(1)     # never an action of zero probability (cdf = predecessor's)
         walk_s.append(s); walk_a.append(a)
-        s = step[s, a]
-        if t % 4 == 3 and bool((s == S).all()):    # absorbed walkers stay put, so checking every 4th step is enough
+        s = step_np[s, a]
+        if t % 4 == 3 and (s == S).all():          # absorbed walkers stay put, so checking every 4th step is enough
             break
-    if not bool((s == S).all()):
+    if not (s == S).all():
         raise RuntimeError("trajectories longer than env.max_len")
-    states, actions = torch.stack(walk_s, 1), torch.stack(walk_a, 1)           # (n, T), T <= L
+    states, actions = torch.from_numpy(np.stack(walk_s, 1)), torch.from_numpy(np.stack(walk_a, 1))   # (n, T), T <= L
     valid = states != S
     last = states[torch.arange(n), valid.sum(1) - 1]                           # the state each walker stopped in
     pad = (0, L - states.shape[1])
@@ -641,6 +646,8 @@ def method_spec(method: str, cfg: StableGFNConfig) -> dict:
         s.setdefault("rule", cfg.kappa_rule)
         s.setdefault("ref", cfg.ref_sampling if method == "stable" else False)
         s.setdefault("kappa", cfg.kappa0)
+        if isinstance(s["kappa"], str):                     # a named config field (the control's fixed floor)
+            s["kappa"] = getattr(cfg, s["kappa"])
     return s
 
 

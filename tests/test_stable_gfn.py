@@ -376,6 +376,10 @@ def test_methods_resolve():
     assert method_spec("stable_ref", cfg)["ref"] and method_spec("stable_k0", cfg)["kappa"] == 0.0
     assert method_spec("spike_tb", cfg)["rule"] == "spike_tb" and method_spec("stable_k0.1", cfg)["kappa"] == 0.1
     assert set(cfg.methods) <= set(METHODS) and len(cfg.methods) == 14
+    # the negative control is a fixed floor at the schedule's own κ_min, and no paired claim uses the κ ≡ 0 (= TB) path
+    assert method_spec("stable_kmin", cfg) == dict(loss="stable", rule="fixed", ref=False, kappa=cfg.kappa_min)
+    for field in ("methods", "sparse_methods", "bitseq_methods", "robust_methods"):
+        assert "stable_kmin" in getattr(cfg, field) and "stable_k0" not in getattr(cfg, field), field
     import dataclasses
     c2 = dataclasses.replace(cfg, kappa_rule="spike_opt", ref_sampling=True)
     assert method_spec("stable", c2)["rule"] == "spike_opt" and method_spec("stable", c2)["ref"]
@@ -407,3 +411,27 @@ def test_trainer_extension_continues_the_same_run():
     assert one["loss"] == two["loss"] and one["kappa"] == two["kappa"] and one["steps"] == two["steps"] == 75
     assert [c["step"] for c in two["evals"]] == [0, 25, 50, 75]
     assert one["ref_trajectories"] == two["ref_trajectories"] > 0
+
+
+def test_fixed_floor_control_is_a_different_run():
+    # stable_kmin keeps κ at κ_min all along (no adaptive floor) and differs from both TB and the annealed Stable run
+    import dataclasses
+    env = make_hypergrid(2, 4, R0=1e-2)
+    cfg = dataclasses.replace(PRESETS["smoke"], eval_every=20, batch=16)
+    r = {m: train_gfn(env, m, cfg, 3, steps=60, progress=False) for m in ("tb", "stable", "stable_kmin")}
+    assert r["stable_kmin"]["kappa"] == [cfg.kappa_min] * 60
+    assert r["stable_kmin"]["loss"] != r["tb"]["loss"] and r["stable_kmin"]["loss"] != r["stable"]["loss"]
+    assert r["stable"]["kappa"][0] == cfg.kappa0 > cfg.kappa_min
+
+
+def test_certificate_reports_the_terminal_that_sets_B():
+    # B = max_x max_τ→x |δ(τ) − E δ|: the reported terminal's own deviation equals B
+    env = make_hypergrid(2, 6, R0=1e-3)
+    tab = random_table(env, rng(0, "test", "B"))
+    c = certificates(env, tab, 0.3)
+    hi, lo = path_extremes(env, tab)
+    e1, _ = delta_moments(env, tab, 0.3)
+    dev = torch.maximum(0.3 + hi - env.log_r - e1, e1 - (0.3 + lo - env.log_r))
+    x = int(dev.argmax())
+    assert abs(float(dev[x]) - c["B"]) < 1e-9
+    assert c["B_log_r"] == float(env.log_r[x]) and abs(c["B_log_pt"] - float(c["log_pt"][x])) < 1e-12
