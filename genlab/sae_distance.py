@@ -19,13 +19,14 @@ from .parts import TopKSAE, topk_sae_quality, train_topk_sae
 from .train import History, fit
 
 # %% auto #0
-__all__ = ['PARTS', 'SMOLLM2_LAYERS', 'SMOLLM2_D', 'PRESETS', 'SINKHORN_FROM', 'ADD_POS', 'SAEDistanceConfig', 'feature_support',
-           'subsample_support', 'Standardizer', 'ridge_map', 'ground_cost', 'wasserstein', 'first_moment',
-           'distance_matrix', 'decoder_cosine', 'pearson_matrix', 'match', 'feature_sae', 'sae_codes',
+__all__ = ['PARTS', 'SMOLLM2_LAYERS', 'SMOLLM2_D', 'PRESETS', 'SINKHORN_FROM', 'SOLVERS', 'ADD_POS', 'SAEDistanceConfig',
+           'feature_support', 'subsample_support', 'Standardizer', 'ridge_map', 'ground_cost', 'wasserstein',
+           'first_moment', 'distance_matrix', 'decoder_cosine', 'pearson_matrix', 'match', 'feature_sae', 'sae_codes',
            'normalize_inputs', 'auroc_matrix', 'label_features', 'label_accuracy', 'supernodes', 'property_checks',
            'orthogonal', 'planted_layers', 'measures', 'part_a', 'part_margin', 'addition_data', 'addition_loss',
            'exact_match', 'concept_table', 'part_b', 'lm_corpus_windows', 'lm_hidden_states', 'histogram_cosine',
-           'topk_jaccard', 'matcher_scores', 'lm_cache', 'part_c', 'lm_circuit', 'context_of', 'bench_distances']
+           'topk_jaccard', 'matcher_scores', 'lm_cache', 'part_c', 'lm_circuit', 'context_of', 'bench_distances',
+           'bench_crossover']
 
 # %% ../nbs/44_sae_distance.ipynb #e78c5fc5
 PARTS = ("A", "A2", "margin", "B", "C")
@@ -188,8 +189,21 @@ def ground_cost(U: np.ndarray, V: np.ndarray, cost: str = "sqeuclidean") -> np.n
     raise ParameterError(f"cost must be 'sqeuclidean' or 'cosine'; got {cost!r}")
 
 
-SINKHORN_FROM: int | None = None  # support size from which solver='auto' uses Sinkhorn; None: exact EMD at every size
-                                  # (tools/bench_sae_distance.py: exact EMD had the lower median time at every N it measured)
+SINKHORN_FROM: int | None = None  # support size from which solver='auto' uses log-domain Sinkhorn; None: exact EMD at every
+                                  # size. Basis: bench_crossover (Performance section) found exact EMD faster at every N measured.
+SOLVERS = ("auto", "exact", "sinkhorn")
+
+
+def _check_measure(pname: str, P, wname: str, w, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    "Points (n, k) and weights (n,) of one measure as float64, or ParameterError naming the bad argument."
+    P, w = np.asarray(P, dtype=np.float64), np.asarray(w, dtype=np.float64)
+    if P.ndim != 2 or len(P) == 0 or not np.isfinite(P).all() or (k is not None and P.shape[1] != k):
+        need = "" if k is None else f" with k = {k} columns (as U)"
+        raise ParameterError(f"{pname} must be a non-empty (n, k) array of finite numbers{need}; got shape {P.shape}")
+    if w.shape != (len(P),) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ParameterError(f"{wname} must be {len(P)} finite non-negative weights (one per row of {pname}) with a positive sum; "
+                             f"got shape {w.shape}, min {w.min() if w.size else None}, sum {w.sum() if w.size else None}")
+    return P, w / w.sum()
 
 
 def wasserstein(U: np.ndarray, wu: np.ndarray, V: np.ndarray, wv: np.ndarray,  # points (n, k), weights (n,); (m, k), (m,)
@@ -198,18 +212,24 @@ def wasserstein(U: np.ndarray, wu: np.ndarray, V: np.ndarray, wv: np.ndarray,  #
                 ) -> float:
     "D(f, g) of Eq. 2: W2 (the root of the optimal cost) between two weighted point clouds; exact EMD, log-domain Sinkhorn, or 'auto' (exact below `sinkhorn_from`)."
     import ot
+    if solver not in SOLVERS:
+        raise ParameterError(f"solver must be one of {SOLVERS}; got {solver!r}")
+    if cost not in ("sqeuclidean", "cosine"):
+        raise ParameterError(f"cost must be 'sqeuclidean' or 'cosine'; got {cost!r}")
+    if reg is not None:
+        check_range("reg", reg, 0, lo_open=True)
+    if sinkhorn_from is not None:
+        check_range("sinkhorn_from", sinkhorn_from, 1)
+    U, wu = _check_measure("U", U, "wu", wu)
+    V, wv = _check_measure("V", V, "wv", wv, k=U.shape[1])
     if solver == "auto":
         solver = "sinkhorn" if sinkhorn_from is not None and max(len(U), len(V)) >= sinkhorn_from else "exact"
-    wu = np.asarray(wu, dtype=np.float64); wv = np.asarray(wv, dtype=np.float64)
-    wu, wv = wu / wu.sum(), wv / wv.sum()
     C = ground_cost(U, V, cost)
     if solver == "exact":
         val = ot.emd2(wu, wv, C, numItermax=1_000_000)
-    elif solver == "sinkhorn":
+    else:
         eps = reg if reg is not None else 0.05 * float(np.median(C))
         val = ot.sinkhorn2(wu, wv, C, max(eps, 1e-9), method="sinkhorn_log", numItermax=2000)
-    else:
-        raise ParameterError(f"solver must be 'auto', 'exact' or 'sinkhorn'; got {solver!r}")
     return float(np.sqrt(max(float(val), 0.0))) if cost == "sqeuclidean" else float(max(float(val), 0.0))
 
 
@@ -946,8 +966,8 @@ def context_of(cache: dict, split: str, row: int, handle, width: int = 8) -> str
     return (handle.decode(ids[max(0, p - width):p]) + " [" + handle.decode(ids[p:p + 1]) + "]").replace("\n", " ")
 
 # %% ../nbs/44_sae_distance.ipynb #35cee5a5
-def bench_distances(ns=(32, 64, 128, 256), ks=(16, 32), pairs: int = 20, sinkhorn_ns=(256, 512), seed: int = 0) -> list[dict]:
-    "Exact-EMD pairs/s per (N, k), and Sinkhorn's time and relative error against exact EMD per N."
+def bench_distances(ns=(32, 64, 128, 256), ks=(16, 32), pairs: int = 20, seed: int = 0) -> list[dict]:
+    "Exact-EMD pairs/s per (N, k) (the solver every distance here uses)."
     npg = np_rng(seed, "bench")
     rows = []
     for k in ks:
@@ -955,12 +975,30 @@ def bench_distances(ns=(32, 64, 128, 256), ks=(16, 32), pairs: int = 20, sinkhor
             ms = [(npg.normal(size=(n, k)), npg.dirichlet(np.ones(n))) for _ in range(2 * pairs)]
             t0 = time.perf_counter()
             for i in range(pairs):
-                wasserstein(*ms[2 * i], *ms[2 * i + 1])
+                wasserstein(*ms[2 * i], *ms[2 * i + 1], solver="exact")
             dt = time.perf_counter() - t0
             rows.append({"solver": "exact", "N": n, "k": k, "pairs_per_s": pairs / dt})
-    for n in sinkhorn_ns:
-        (U, wu), (V, wv) = [(npg.normal(size=(n, 16)) + s, npg.dirichlet(np.ones(n))) for s in (0.0, 0.3)]
-        t0 = time.perf_counter(); ex = wasserstein(U, wu, V, wv); t_ex = time.perf_counter() - t0
-        t0 = time.perf_counter(); sk = wasserstein(U, wu, V, wv, solver="sinkhorn"); t_sk = time.perf_counter() - t0
-        rows.append({"solver": "sinkhorn vs exact", "N": n, "k": 16, "exact_s": t_ex, "sinkhorn_s": t_sk, "rel_error": abs(sk - ex) / ex})
     return rows
+
+
+def bench_crossover(ns=(128, 256, 512, 1024), rounds=(5, 5, 3, 3), k: int = 16, seed: int = 0) -> dict:
+    "Interleaved timing of exact EMD against log-domain Sinkhorn per support size N: the crossover that sets SINKHORN_FROM."
+    if len(ns) != len(rounds) or min(rounds, default=0) < 1:
+        raise ParameterError(f"rounds must give one count >= 1 per size in ns; got ns={ns}, rounds={rounds}")
+    npg = np_rng(seed, "bench", "crossover")
+    wasserstein(npg.normal(size=(8, k)), np.full(8, 1 / 8), npg.normal(size=(8, k)), np.full(8, 1 / 8), solver="sinkhorn")  # warm-up
+    rows = []
+    for n, r in zip(ns, rounds):
+        t, err = {"exact": [], "sinkhorn": []}, []
+        for i in range(r):
+            U, V = npg.normal(size=(n, k)), npg.normal(size=(n, k)) + 0.3
+            wu, wv = npg.dirichlet(np.ones(n)), npg.dirichlet(np.ones(n))
+            val = {}
+            for s in (("exact", "sinkhorn") if i % 2 == 0 else ("sinkhorn", "exact")):  # alternate the order per round
+                t0 = time.perf_counter(); val[s] = wasserstein(U, wu, V, wv, solver=s); t[s].append(time.perf_counter() - t0)
+            err.append(abs(val["sinkhorn"] - val["exact"]) / val["exact"])
+        ratio = np.array(t["sinkhorn"]) / np.array(t["exact"])
+        rows.append({"N": n, "rounds": r, "exact_s": float(np.median(t["exact"])), "sinkhorn_s": float(np.median(t["sinkhorn"])),
+                     "ratio": float(np.median(ratio)), "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max()),
+                     "rel_error": float(np.median(err))})
+    return {"rows": rows, "k": k, "crossover": next((row["N"] for row in rows if row["ratio"] < 1), None)}

@@ -188,3 +188,60 @@ def test_bad_input_errors():
         resolve(P, "nonexistent")
     with pytest.raises(ParameterError):
         sd.wasserstein(np.zeros((2, 1)), [0.5, 0.5], np.ones((2, 1)), [0.5, 0.5], solver="lp")
+
+
+def _random_problem(rng, n_max=30, shift=0.5):
+    n, m, k = (int(x) for x in (rng.integers(2, n_max), rng.integers(2, n_max), rng.integers(1, 7)))
+    U, V = rng.normal(size=(n, k)), rng.normal(size=(m, k)) + shift
+    return U, rng.dirichlet(np.ones(n)), V, rng.dirichlet(np.ones(m))
+
+
+def test_exact_path_equals_pot_emd2_on_random_problems():
+    import ot
+    rng = np.random.default_rng(12)
+    for _ in range(30):
+        U, wu, V, wv = _random_problem(rng)
+        ref = ot.emd2(wu, wv, ot.dist(U, V), numItermax=1_000_000)
+        assert abs(sd.wasserstein(U, wu, V, wv) ** 2 - ref) <= 1e-6                     # default 'auto' = exact EMD
+        assert abs(sd.wasserstein(U, wu, V, wv, solver="exact") - math.sqrt(ref)) <= 1e-6
+        Un = U / np.linalg.norm(U, axis=1, keepdims=True); Vn = V / np.linalg.norm(V, axis=1, keepdims=True)
+        assert abs(sd.wasserstein(U, wu, V, wv, cost="cosine") - ot.emd2(wu, wv, 1 - Un @ Vn.T)) <= 1e-6
+    assert sd.SINKHORN_FROM is None or sd.SINKHORN_FROM > 30  # these sizes are below the crossover: exact
+
+
+def test_sinkhorn_path_past_the_crossover_within_tolerance_of_exact():
+    # Stated tolerance: the entropic plan (eps = 0.05 median cost) costs at least the optimal plan and, on these small
+    # problems, at most 5% more in W2 (the notebook's crossover table reports the bias at larger N).
+    import ot
+    rng = np.random.default_rng(13)
+    for _ in range(15):
+        U, wu, V, wv = _random_problem(rng, n_max=40)
+        C = ot.dist(U, V)
+        exact = math.sqrt(ot.emd2(wu, wv, C, numItermax=1_000_000))
+        past = sd.wasserstein(U, wu, V, wv, sinkhorn_from=min(len(U), len(V)))  # 'auto' past the crossover
+        sk = math.sqrt(ot.sinkhorn2(wu, wv, C, 0.05 * np.median(C), method="sinkhorn_log", numItermax=2000))
+        assert abs(past - sk) <= 1e-9
+        assert exact - 1e-9 <= past <= 1.05 * exact
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"solver": "lp"}, "solver"), ({"cost": "l1"}, "cost"), ({"reg": 0.0}, "reg"), ({"sinkhorn_from": 0}, "sinkhorn_from"),
+    ({"wu": np.array([0.5, 0.5])}, "wu"), ({"wu": np.array([0.5, -0.1, 0.6])}, "wu"), ({"wv": np.zeros(4)}, "wv"),
+    ({"wv": np.array([0.25, 0.25, np.nan, 0.5])}, "wv"), ({"V": np.ones((4, 3))}, "V"), ({"U": np.ones(3)}, "U"),
+    ({"U": np.array([[0.0, np.inf]] * 3)}, "U"), ({"V": np.zeros((0, 2))}, "V"),
+])
+def test_wasserstein_bad_inputs_raise_naming_the_parameter(kwargs, name):
+    args = {"U": np.zeros((3, 2)), "wu": np.full(3, 1 / 3), "V": np.ones((4, 2)), "wv": np.full(4, 0.25)} | kwargs
+    with pytest.raises(ParameterError, match=rf"^{name} must"):
+        sd.wasserstein(**args)
+
+
+def test_bench_crossover_table_is_consistent():
+    out = sd.bench_crossover(ns=(8, 16), rounds=(2, 3), k=3)
+    assert [r["N"] for r in out["rows"]] == [8, 16] and [r["rounds"] for r in out["rows"]] == [2, 3]
+    for r in out["rows"]:
+        assert 0 < r["ratio_min"] <= r["ratio"] <= r["ratio_max"] and r["rel_error"] >= 0
+    faster = [r["N"] for r in out["rows"] if r["ratio"] < 1]
+    assert out["crossover"] == (faster[0] if faster else None)
+    with pytest.raises(ParameterError, match="rounds"):
+        sd.bench_crossover(ns=(8, 16), rounds=(2,))
