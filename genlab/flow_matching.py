@@ -18,8 +18,9 @@ from .parts import linear_interpolant, mlp, time_embedding
 from .train import EMA, History, ValidationMonitor, fit
 
 # %% auto #0
-__all__ = ['PRESETS', 'FlowMatchingConfig', 'VelocityMLP', 'sample_path', 'ot_coupling', 'cfm_loss', 'train_cfm', 'sample_euler',
-           'sample_ode', 'path_straightness', 'transport_cost', 'exact_ot_cost', 'toy_experiment']
+__all__ = ['PRESETS', 'FlowMatchingConfig', 'VelocityMLP', 'sample_path', 'ot_plan_index', 'ot_coupling', 'shuffled_ot_coupling',
+           'cfm_loss', 'train_cfm', 'sample_euler', 'sample_ode', 'path_straightness', 'transport_cost',
+           'exact_ot_cost', 'toy_experiment', 'held_out_pairs', 'mnist_arm']
 
 # %% ../nbs/10_flow_matching.ipynb #7e52eb8e
 @dataclass(frozen=True)
@@ -41,9 +42,13 @@ class FlowMatchingConfig:
     mnist_hidden: int = param(512, lo=1, help="width of the MNIST velocity MLP")
     mnist_lr: float = param(1e-3, lo=0, lo_open=True, help="MNIST learning rate")
     mnist_ema: float = param(0.999, lo=0, hi=1, hi_open=True, help="EMA decay of the sampling weights (0 disables)")
-    coupling_mnist: str = param("ot", choices=("independent", "ot"), help="MNIST coupling")
-    mnist_samples: int = param(1000, lo=1, help="MNIST samples judged by the classifier")
-    mnist_nfe: int = param(50, lo=1, help="Euler steps for MNIST samples")
+    coupling_mnist: str = param("ot", choices=("independent", "ot"),
+                                help="the MNIST arm whose samples are shown and recorded as mnist_confident_frac (every arm is trained)")
+    mnist_seeds: int = param(3, lo=1, help="MNIST seeds per run, stream_seed(seed, 'mnist', j); each trains I-CFM, OT-CFM and the shuffled-OT control")
+    mnist_holdout: int = param(1000, lo=10, hi=2500, help="MNIST-5k digits held out from the flow, the codec and the classifier (the reference of C4)")
+    mnist_samples: int = param(2000, lo=1, help="MNIST samples per arm and seed judged by the classifier and the Fréchet distance")
+    mnist_nfe: int = param(50, lo=1, help="Euler steps of the MNIST samples judged by the health checks")
+    mnist_low_nfe: tuple[int, ...] = param((4, 8), lo=1, each=True, help="Euler steps at which C4 compares the couplings on MNIST")
     clf_steps: int = param(2000, lo=1, help="classifier training steps")
 
     def validate(self):
@@ -53,7 +58,7 @@ class FlowMatchingConfig:
 
 PRESETS = {
     "smoke": FlowMatchingConfig(n_seeds=2, toy_steps=400, val_every=100, eval_n=1000, nfe_grid=(1, 4, 16, 64), mnist_steps=300,
-                                mnist_hidden=256, mnist_samples=200, mnist_nfe=10, clf_steps=300, mnist_ema=0.9),
+                                mnist_hidden=128, mnist_batch=128, mnist_seeds=1, mnist_samples=200, mnist_nfe=10, clf_steps=300, mnist_ema=0.9),
     "full": FlowMatchingConfig(),
 }
 
@@ -87,8 +92,8 @@ def sample_path(x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor,  # (b, d), 
     return xt, ut
 
 
-def ot_coupling(x0: torch.Tensor, x1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    "Pair the rows of x0 and x1 (b, d) by the exact minibatch OT plan for squared distance (Eq. 4)."
+def ot_plan_index(x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
+    "Row j(i) of x1 that the exact minibatch OT plan for squared distance (Eq. 4) pairs with row i of x0 (b, d)."
     import ot
     if x0.shape != x1.shape:
         raise ParameterError(f"OT coupling needs equal batch shapes, got {tuple(x0.shape)} and {tuple(x1.shape)}")
@@ -96,7 +101,18 @@ def ot_coupling(x0: torch.Tensor, x1: torch.Tensor) -> tuple[torch.Tensor, torch
     cost = torch.cdist(x0.double(), x1.double()).pow(2).cpu().numpy()
     w = np.full(b, 1.0 / b)
     plan = ot.emd(w, w, cost)
-    return x0, x1[torch.as_tensor(plan.argmax(axis=1), device=x1.device)]
+    return torch.as_tensor(plan.argmax(axis=1), device=x1.device)
+
+
+def ot_coupling(x0: torch.Tensor, x1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "Pair the rows of x0 and x1 (b, d) by the exact minibatch OT plan for squared distance (Eq. 4)."
+    return x0, x1[ot_plan_index(x0, x1)]
+
+
+def shuffled_ot_coupling(x0: torch.Tensor, x1: torch.Tensor, generator: torch.Generator | None = None):
+    "Control: the OT plan of x0 against a random permutation of x1, applied to x1 as drawn (solver kept, geometry lost)."
+    perm = torch.randperm(len(x1), generator=generator).to(x1.device)
+    return x0, x1[ot_plan_index(x0, x1[perm])]
 
 
 def cfm_loss(model: nn.Module, x0: torch.Tensor, x1: torch.Tensor, t: torch.Tensor,
@@ -112,8 +128,8 @@ def train_cfm(model: nn.Module,
               generator: torch.Generator | None = None,
               sample_x0: Callable[[int, torch.Generator], torch.Tensor] | None = None,  # default N(0, I)
               sigma: float = 0.0, progress: bool = True, schedule: str | None = "cosine", **fit_kw) -> History:
-    "Train `model` with I-CFM or OT-CFM (Eqs. 1-4) via `fit`; returns the History."
-    check_choice("coupling", coupling, ("independent", "ot"))
+    "Train `model` with I-CFM, OT-CFM (Eqs. 1-4) or the shuffled-OT control via `fit`; returns the History."
+    check_choice("coupling", coupling, ("independent", "ot", "shuffled_ot"))
     check_range("sigma", sigma, 0)
     check_range("batch_size", batch_size, 1)
     dim = model.dim if hasattr(model, "dim") else None
@@ -128,6 +144,8 @@ def train_cfm(model: nn.Module,
         x0 = draw_x0(batch_size)
         if coupling == "ot":
             x0, x1 = ot_coupling(x0, x1)
+        elif coupling == "shuffled_ot":
+            x0, x1 = shuffled_ot_coupling(x0, x1, generator)
         t = torch.rand(batch_size, generator=generator)
         noise = torch.randn(x0.shape, generator=generator) if sigma else None
         return {"cfm": cfm_loss(model, x0, x1, t, sigma, noise)}
@@ -237,3 +255,35 @@ def toy_experiment(cfg: FlowMatchingConfig,  # sizes, steps and evaluation grid
     out["source_sw2"] = sliced_w2(x0_eval, x1_ref, generator=rng(seed, "sliced w2"))
     out["adaptive"] = {k: sample_ode(m, x0_eval, rtol=1e-5, atol=1e-5)[1] for k, m in out["models"].items() if k != "control"}
     return out
+
+# %% ../nbs/10_flow_matching.ipynb #f1a7c0d1
+def held_out_pairs(x0: torch.Tensor, x1: torch.Tensor, coupling: str, batch_size: int,  # (n, d) noise, (n, d) data
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    "Held-out pairs coupled as in training: as drawn (independent), or re-paired within minibatches of `batch_size`."
+    check_choice("coupling", coupling, ("independent", "ot", "shuffled_ot"))
+    if coupling == "independent":
+        return x0, x1
+    pair = ot_coupling if coupling == "ot" else (lambda a, b: shuffled_ot_coupling(a, b, generator))
+    parts = [pair(x0[i:i + batch_size], x1[i:i + batch_size]) for i in range(0, len(x0), batch_size)]
+    return torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
+
+
+def mnist_arm(cfg: FlowMatchingConfig,  # mnist_* sizes, steps and learning rate, val_every
+              data: torch.Tensor, val: torch.Tensor,  # training codes (n, d), held-out codes (m, d)
+              coupling: str,  # "independent", "ot" or "shuffled_ot"
+              seed: int,  # the MNIST seed: initial weights rng(seed, 'mnist', 'init'), batches rng(seed, 'mnist', 'train')
+              progress: bool = True) -> dict:
+    "One MNIST model: trained from the seed's shared initial weights on the seed's stream; held-out CFM loss of its EMA weights tracked."
+    d = data.shape[1]
+    model = VelocityMLP(d, cfg.mnist_hidden, 3, time_dim=64, generator=rng(seed, "mnist", "init"))
+    ema = EMA(model, cfg.mnist_ema) if cfg.mnist_ema > 0 else None
+    sampler = ema.model if ema else model
+    gv = rng(seed, "mnist", "validation")
+    v0, tv = torch.randn(val.shape, generator=gv), torch.rand(len(val), generator=gv)
+    p0, p1 = held_out_pairs(v0, val, coupling, cfg.mnist_batch, gv)
+    mon = ValidationMonitor(lambda: cfm_loss(sampler, p0, p1, tv))
+    hist = train_cfm(model, lambda n, gen: data[torch.randint(0, len(data), (n,), generator=gen)], coupling=coupling,
+                     steps=cfg.mnist_steps, batch_size=cfg.mnist_batch, lr=cfg.mnist_lr, generator=rng(seed, "mnist", "train"),
+                     progress=progress, callbacks=[ema.callback] if ema else (), every=[(cfg.val_every, mon)])
+    return {"seed": seed, "coupling": coupling, "model": sampler.eval(), "hist": hist, "monitor": mon}
+

@@ -6,8 +6,9 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from genlab.core import ParameterError
-from genlab.flow_matching import (PRESETS, VelocityMLP, cfm_loss, ot_coupling, path_straightness, sample_euler,
-                                  sample_ode, sample_path, train_cfm, transport_cost)
+from genlab.flow_matching import (PRESETS, VelocityMLP, cfm_loss, held_out_pairs, ot_coupling, ot_plan_index,
+                                  path_straightness, sample_euler, sample_ode, sample_path, shuffled_ot_coupling,
+                                  train_cfm, transport_cost)
 from genlab.core import resolve
 
 
@@ -31,6 +32,37 @@ def test_ot_coupling_matches_scipy_on_larger_batches():
     r, col = linear_sum_assignment(c)
     a, b = ot_coupling(x0, x1)
     assert abs(transport_cost(a, b) - c[r, col].mean()) < 1e-4
+
+
+def test_shuffled_ot_control_is_a_uniformly_random_pairing():
+    # the control's pairing ignores geometry: over many batches each row of x0 meets each row of x1 equally often,
+    # and its mean cost equals the independent pairing's (the exact expectation: mean over all pairs)
+    x0, x1 = torch.randn(5, 2, generator=g(3)), torch.randn(5, 2, generator=g(4)) * 3
+    gen, counts, costs = g(5), np.zeros((5, 5)), []
+    j_ot = ot_plan_index(x0, x1)
+    for _ in range(4000):
+        a, b = shuffled_ot_coupling(x0, x1, gen)
+        assert torch.equal(a, x0) and sorted(map(tuple, b.tolist())) == sorted(map(tuple, x1.tolist()))
+        j = [int((x1 == row).all(1).nonzero()[0]) for row in b]
+        counts[range(5), j] += 1
+        costs.append(transport_cost(a, b))
+    assert np.abs(counts / 4000 - 0.2).max() < 0.03                          # uniform over partners (sd ~ 0.006)
+    all_pairs = float(torch.cdist(x0, x1).pow(2).mean())
+    assert abs(np.mean(costs) - all_pairs) < 0.03 * all_pairs
+    assert transport_cost(x0, x1[j_ot]) < all_pairs                          # while OT itself pairs by geometry
+
+
+def test_held_out_pairs_follow_the_coupling_within_batches():
+    x0, x1 = torch.randn(40, 3, generator=g(6)), torch.randn(40, 3, generator=g(7)) + 1
+    a, b = held_out_pairs(x0, x1, "independent", 16)
+    assert torch.equal(a, x0) and torch.equal(b, x1)
+    a, b = held_out_pairs(x0, x1, "ot", 16)
+    for i in range(0, 40, 16):                                               # each minibatch is its own OT problem
+        assert torch.equal(b[i:i + 16], ot_coupling(x0[i:i + 16], x1[i:i + 16])[1])
+    a, b = held_out_pairs(x0, x1, "shuffled_ot", 16, g(8))
+    assert torch.equal(a, x0) and sorted(map(tuple, b[:16].tolist())) == sorted(map(tuple, x1[:16].tolist()))
+    with pytest.raises(ParameterError, match="coupling"):
+        held_out_pairs(x0, x1, "sinkhorn", 16)
 
 
 def test_path_endpoints_and_velocity_by_finite_differences():
