@@ -13,7 +13,8 @@ from genlab.scfm import (PRESETS, SCFM, MixturePrior, SCFMConfig, StopRule, c6_s
                          encode, gaussian_kl, make_pinwheel_data, make_ring_data, make_source, mixture_kl,
                          prior_match, results_table, run_2d, run_experiment, sample_pinwheel, sample_scfm,
                          scfm_losses, structured_coupling, summarise, train_scfm, transport_cost_per_dim,
-                         trunk_parameters)
+                         trunk_parameters, icfm_params, matched_width, plateau_gain, linear_probe, velocity_params,
+                         RecognitionNet, reparameterise)
 
 torch.set_num_threads(1)
 
@@ -277,15 +278,20 @@ def test_2d_harness_on_a_50_step_toy_run():
     """run_2d trains SCFM, its controls and B1 with the stopping rule and returns every metric the notebook records."""
     cfg = SCFMConfig(max_steps_2d=50, max_steps_c6=50, pretrain_steps=5, eval_every_2d=20, n_eval=100, nfes=(1, 2), hidden_2d=16)
     d = make_ring_data(0, n_train=300, n_val=100, n_test=100)
-    r = run_2d(cfg, d, 0, variants=("scfm", "indep", "c6"))
-    assert set(r["eval"]) == {"scfm", "indep", "c6", "b1"} and set(r["eval"]["scfm"]["fid"]) == {0, 1, 2}
+    r = run_2d(cfg, d, 0, variants=("scfm", "indep", "c6", "c6_blind"))
+    assert set(r["eval"]) == {"scfm", "indep", "c6", "c6_blind", "b1", "b1m"} and set(r["eval"]["scfm"]["fid"]) == {0, 1, 2}
     e = r["eval"]["scfm"]
     for key in ("nmi", "acc", "ari", "sizes", "n_big", "tc", "m5", "m9", "c6", "nmi_t", "nmi_t_indep"):
         assert key in e, key
     assert set(e["m5"]) == {"mmd", "floor", "tv_pi"} and set(e["tc"]) == {"structured", "independent", "shuffled"}
     assert len(e["sizes"]) == 8 and abs(sum(e["sizes"]) - 1) < 1e-5 and r["models"]["c6"].sigma0 == 0.5
-    for v in ("scfm", "indep", "c6", "b1"):
+    assert r["models"]["c6_blind"].sigma0 == 0.5 and r["budgets"]["b1"]["params"] == icfm_params(2, 16)
+    # B1m: the I-CFM at SCFM's parameter count (within one width step), wider than B1
+    step = icfm_params(2, r["budgets"]["b1m"]["hidden"] + 1) - icfm_params(2, r["budgets"]["b1m"]["hidden"])
+    assert abs(r["budgets"]["b1m"]["params"] - r["budgets"]["scfm"]["params"]) <= step and r["budgets"]["b1m"]["hidden"] > 16
+    for v in ("scfm", "indep", "c6", "c6_blind", "b1", "b1m"):
         b = r["budgets"][v]
+        assert b["plateau_gain"] == plateau_gain(r["curves"][v]["values"], cfg.patience)
         assert b["steps"] <= 50 and b["samples"] == b["steps"] * cfg.batch_size and len(r["curves"][v]["values"]) >= 1
     assert r["budgets"]["scfm"]["pretrain_steps"] == 10 and "nmi" in r["ctrl_kmeans_noise"]
     s = summarise(r)
@@ -308,3 +314,47 @@ def test_digits_harness_logs_usage_and_gradients():
     gl = r["grads"]["scfm"]
     assert len(gl.steps) >= 3 and all(len(gl.norms[k]) == len(gl.steps) for k in ("fm", "lvm", "t"))
     assert all(v > 0 for v in gl.norms["lvm"]) and set(r["eval"]["b3"]["fid"]) == {0}
+
+
+def test_icfm_params_closed_form_and_matched_width():
+    """The closed-form parameter count equals the module's; matched_width is the nearest width (brute force)."""
+    for dim, h, L in ((2, 7, 3), (64, 33, 2), (5, 1, 1)):
+        assert icfm_params(dim, h, L) == sum(p.numel() for p in velocity_params(RecognitionNet(dim, 3, 2, hidden=h, n_layers=L)))
+    for target in (1000, 56632, 266096):
+        w = matched_width(target, 64)
+        assert w == min(range(1, 2000), key=lambda h: abs(icfm_params(64, h) - target))
+
+
+def test_plateau_gain_matches_the_stop_rule():
+    """A model the stopping rule stopped has gain <= min_improvement over its last `patience` scores; a still-improving one more."""
+    lin = torch.nn.Linear(1, 1)
+    vals = [1.0, 0.7, 0.69, 0.68, 0.67]
+    rule = StopRule(iter(vals).__next__, lin, patience=3, min_improvement=0.05)
+    assert [rule(i) for i in range(5)][-1] and plateau_gain(rule.values, 3) <= 0.05
+    improving = [1.0, 0.8, 0.6, 0.4]
+    assert plateau_gain(improving, 3) == pytest.approx((1.0 - 0.4) / 1.0) and plateau_gain(improving[:3], 3) == math.inf
+
+
+def test_linear_probe_oracles():
+    rng_ = np.random.default_rng(0)
+    y = np.repeat(np.arange(4), 30)
+    assert linear_probe(np.eye(4)[y] * 3 + 0.05 * rng_.normal(size=(120, 4)), y) == 1.0
+    assert linear_probe(rng_.normal(size=(120, 4)), y) < 0.5  # chance is 0.25
+
+
+def test_blind_distillation_reads_the_posterior_at_t_one():
+    """lt_mode='blind': L_T is the distillation KL into the posterior of h(x_t, 1), recomputed by hand from the same draws."""
+    m = SCFM(2, 3, 2, hidden=16, dec_hidden=16, generator=rng(0, "blind"))
+    x1, t = torch.randn(32, 2, generator=rng(1, "x")), torch.rand(32, generator=rng(1, "t"))
+    terms = scfm_losses(m, x1, t, generator=rng(2, "g"), lt_mode="blind", lambda_t=0.5)
+    g = rng(2, "g")
+    with torch.no_grad():
+        l1, mu1, lv1 = m.net.posterior(m.net.features(x1, torch.ones(32)))
+        z = reparameterise(mu1, lv1, g)
+        x0 = m.source(z, g)
+        xt = (1 - t)[:, None] * x0 + t[:, None] * x1
+        lb, mb, vb = m.net.posterior(m.net.features(xt, torch.ones(32)))
+        want = 0.5 * (categorical_kl(l1, lb) + gaussian_kl(mu1, lv1, mb, vb)).mean()
+    assert torch.allclose(terms["t"].detach(), want, atol=1e-6)
+    aware = scfm_losses(m, x1, t, generator=rng(2, "g"), lt_mode="distill", lambda_t=0.5)
+    assert not torch.allclose(aware["t"], terms["t"])  # the time-aware L_T reads h(x_t, t)
