@@ -98,7 +98,7 @@ def ot_plan_index(x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
     if x0.shape != x1.shape:
         raise ParameterError(f"OT coupling needs equal batch shapes, got {tuple(x0.shape)} and {tuple(x1.shape)}")
     b = x0.shape[0]
-    cost = torch.cdist(x0.double(), x1.double()).pow(2).cpu().numpy()
+    cost = ot.dist(x0.detach().double().cpu().numpy(), x1.detach().double().cpu().numpy())  # squared Euclidean
     w = np.full(b, 1.0 / b)
     plan = ot.emd(w, w, cost)
     return torch.as_tensor(plan.argmax(axis=1), device=x1.device)
@@ -200,7 +200,7 @@ def exact_ot_cost(x0: torch.Tensor, x1: torch.Tensor) -> float:
     import ot
     if x0.shape != x1.shape:
         raise ParameterError(f"exact_ot_cost needs equal sample shapes, got {tuple(x0.shape)} and {tuple(x1.shape)}")
-    cost = torch.cdist(x0.double(), x1.double()).pow(2).cpu().numpy()
+    cost = ot.dist(x0.detach().double().cpu().numpy(), x1.detach().double().cpu().numpy())  # squared Euclidean
     w = np.full(len(x0), 1.0 / len(x0))
     return float(ot.emd2(w, w, cost, numItermax=10_000_000))
 
