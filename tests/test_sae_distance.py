@@ -245,3 +245,18 @@ def test_bench_crossover_table_is_consistent():
     assert out["crossover"] == (faster[0] if faster else None)
     with pytest.raises(ParameterError, match="rounds"):
         sd.bench_crossover(ns=(8, 16), rounds=(2,))
+
+
+def test_feature_sae_data_init_starts_every_latent_on_the_data():
+    g = torch.Generator().manual_seed(1)
+    C = torch.randn(5, 8, generator=g) * 3                                  # a clustered input: 5 tight clusters
+    X = C[torch.randint(0, 5, (2000,), generator=g)] + 0.05 * torch.randn(2000, 8, generator=g)
+    sae, _ = sd.feature_sae(X, 16, 2, steps=0, seed=0, name=("t",), init="data")
+    Xc = X - X.median(0).values
+    cos = sae.W_dec @ (Xc / Xc.norm(dim=1, keepdim=True)).T
+    assert torch.allclose(cos.max(1).values, torch.ones(16), atol=1e-5)    # each decoder row is a centred input's direction
+    assert torch.allclose(sae.W_enc, sae.W_dec.T)                          # the encoder starts as the decoder's transpose
+    rnd, _ = sd.feature_sae(X, 16, 2, steps=0, seed=0, name=("t",))
+    assert not torch.allclose(rnd.W_dec, sae.W_dec)                         # 'random' (default) keeps the random start
+    with pytest.raises(ParameterError, match="init"):
+        sd.feature_sae(X, 16, 2, steps=0, seed=0, name=("t",), init="kmeans")
