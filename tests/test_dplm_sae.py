@@ -233,3 +233,34 @@ def test_real_data_hmmsearch_conservation_and_mcsa_map():
     assert m["states"] == (128, 157, 176) and m["error"] == 1 and m["unique"]
     with pytest.raises(ParameterError, match="PF99999"):
         load_hmm("PF99999")
+
+
+def test_rotary_model_is_relative_with_an_end_marker():
+    from genlab.dplm_sae import DiffusionPLM, _rope
+    # RoPE preserves norms and makes q.k depend on the offset only
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    rq = lambda x, p: _rope(torch.cat([torch.zeros(1, 1, p, 8), x], 2))[:, :, -1]
+    assert torch.allclose(rq(q, 5).norm(), q.norm(), atol=1e-5)
+    assert torch.allclose((rq(q, 7) * rq(k, 3)).sum(), (rq(q, 14) * rq(k, 10)).sum(), atol=1e-4)
+    torch.manual_seed(0)
+    m = DiffusionPLM(16, 2, 2, 32, max_len=40).eval()
+    x = torch.randint(0, 20, (2, 20))
+    with torch.no_grad():
+        a = m(torch.cat([x, torch.full((2, 5), PAD)], 1))[:, :20]
+        b = m(torch.cat([x, torch.full((2, 20), PAD)], 1))[:, :20]
+        # the same 20 residues preceded by 3 residues: the end marker keeps the columns' distance to the end
+        y = torch.cat([torch.randint(0, 20, (2, 3)), x], 1)
+        c = m(y)[:, 3:]
+    assert torch.allclose(a, b, atol=1e-5)          # trailing pads beyond the end marker change nothing
+    assert not torch.allclose(a, c, atol=1e-3)      # but the prefix residues are seen (context, not a pure shift)
+    with pytest.raises(ParameterError):
+        DiffusionPLM(16, 1, 2, 32, positions="learned")
+    with pytest.raises(ParameterError):
+        m(torch.zeros(1, 41, dtype=torch.long))
+
+
+def test_full_preset_meets_the_spec_budget():
+    f = PRESETS["full"]
+    assert f.train_steps >= 1000 and f.batch >= 48 and f.real_steps >= 1500 and f.real_batch >= 32
+    assert f.sae_steps >= 1500 and f.sae_batch >= 1024 and f.sae_states >= 60000 and f.n_train >= 1200 and f.n_test >= 300
+    assert f.n_denoise >= 200 and f.n_replicates >= 2 and f.n_null >= 200 and f.positions == "rotary"
