@@ -137,9 +137,9 @@ PRESETS = {
     "smoke": AldriftConfig(n_seeds=2, n_seeds_lm=1, e1_N=500, e1_chains=50, e1_keep=20, e2_dim=2, e2_budget=10000,
                            e2_ctrl_budget=4000, e3_N=1024, e3_chains=256, e3_keep=4, e3_ladder=(0.0, 1.0, 2.0),
                            e3_ft_steps=30, e3_prior_steps=100, e3_prior_n=4000, e2_arith_cap=40000),
-    # 16 seeds for E1, E2 and the E3 count family (seconds each), 12 for TinyGPT (about a minute each): A3a, A3c and
-    # A5b needed about 13, 6 and 11 seeds at the 5-seed run of 9814414
-    "full": AldriftConfig(n_seeds=16, n_seeds_lm=12, smollm_iters=2, smollm_n=12, smollm_steps=2),
+    # 30 seeds for E1, E2 and the E3 count family (about 5 s each), 12 for TinyGPT (about 35 s each): at the 16-seed run
+    # of 77bf1c4 A2a and A3b needed about 22 and 19 seeds; A5b was decided at 12
+    "full": AldriftConfig(n_seeds=30, n_seeds_lm=12, smollm_iters=2, smollm_n=12, smollm_steps=2),
 }
 
 # %% ../nbs/23_aldrift.ipynb #9c250635
