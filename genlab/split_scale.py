@@ -27,10 +27,10 @@ __all__ = ['PRESETS', 'REAL_MESHES', 'PLACEBO_MESHES', 'TRAIN_FAMILIES', 'TEST_F
            'load_real_mesh', 'make_eval_points', 'fourier_embed', 'fps', 'AttnBlock', 'SetTokenizer', 'kl_term',
            'Cells', 'make_cells', 'SplitCode', 'split_encode', 'cell_logits', 'split_decode', 'seam_disagreement',
            'iou', 'chamfer', 'cd_matrix', 'generation_metrics', 'reconstruction_metrics', 'sample_region',
-           'region_batch', 'tokenizer_loss', 'train_tokenizer', 'SplitAR', 'train_ar', 'build_data', 'attn_cost',
-           'eval_mode', 'n_surface_cells', 'evaluate_target', 'sign_change', 'recon_seed', 'encode_gen_set',
-           'latent_stats', 'normalise', 'marginal_sampler', 'decode_to_cloud', 'gen_seed', 'peak_torch_memory',
-           'bench_modes']
+           'region_batch', 'tokenizer_loss', 'train_tokenizer', 'side_accuracy', 'SplitAR', 'train_ar', 'build_data',
+           'attn_cost', 'eval_mode', 'n_surface_cells', 'evaluate_target', 'sign_change', 'recon_seed',
+           'encode_gen_set', 'latent_stats', 'normalise', 'marginal_sampler', 'decode_to_cloud', 'gen_seed',
+           'peak_torch_memory', 'bench_modes']
 
 # %% ../nbs/16_split_scale.ipynb #9671fa16
 @dataclass(frozen=True)
@@ -942,6 +942,19 @@ def train_tokenizer(cfg: SplitScaleConfig, shapes, Ps, val_batch, *, seed: int, 
                    progress=progress, history=hist)
     return model.eval(), hist, mon
 
+# %% ../nbs/16_split_scale.ipynb #858a9143
+def side_accuracy(model: SetTokenizer, inp: torch.Tensor, q: torch.Tensor, occ: torch.Tensor, Q_u: int) -> dict:
+    "Near-surface side accuracy of the tokenizer vs the nearest-input-normal rule on the same regions (K1 diagnostic)."
+    check_range("Q_u", Q_u, 0, q.shape[1] - 1)
+    with torch.no_grad():
+        mu, _, an = model.encode(inp)
+        pred = model.decode(mu, an, q)[:, Q_u:] > 0
+    qs, lab = q[:, Q_u:], occ[:, Q_u:] > 0.5
+    j = torch.cdist(qs, inp[..., :3]).argmin(-1)
+    near = torch.gather(inp, 1, j[..., None].expand(-1, -1, inp.shape[-1]))
+    rule = ((qs - near[..., :3]) * near[..., 3:6]).sum(-1) < 0
+    return {"model": float((pred == lab).float().mean()), "rule": float((rule == lab).float().mean())}
+
 # %% ../nbs/16_split_scale.ipynb #3ac072fa
 class SplitAR(nn.Module):
     "Causal transformer over (flag, M latents) per cell with a categorical flag head and a Gaussian-mixture latent head (Eq. 6)."
@@ -1183,6 +1196,7 @@ def recon_seed(cfg: SplitScaleConfig, data: dict, seed: int, progress: bool = Fa
     t1 = time.perf_counter()
     out["res"] = {g: {t.name: evaluate_target(t, out["models"], cfg, seed, g)
                       for t in data[g]} for g in ("test", "placebo", "meshes", "mesh_placebo")}
+    out["side"] = {k: side_accuracy(m, *data["val_batch"], cfg.Q_u) for k, m in out["models"].items()}
     t = data["test"][0]
     out["sign_change_2M"] = sign_change(out["models"]["base"], t, cfg, cfg.M, 2 * cfg.M, seed)
     out["t"]["eval"] = time.perf_counter() - t1

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from genlab.core import ParameterError, resolve
 from genlab import split_scale as ss
@@ -302,3 +303,58 @@ def test_distance_bias_matches_brute_force():
                 for j in range(7):
                     want = -float(m.log_beta_dec[h].exp()) * float(((q[b, i] - k[b, j]) ** 2).sum())
                     assert abs(float(B[b, h, i, j]) - want) < 1e-5 * max(1, abs(want))
+
+
+# ---------------------------------------------------------------- K1 diagnostics: the evaluation path and the labels
+@pytest.mark.parametrize("s", [1, 2, 3])
+def test_iou_through_split_decode_is_exact_for_an_oracle(monkeypatch, s):
+    "Cells that return the true SDF as logits give IoU 1 through split_decode; a smaller sphere gives the analytic (r'/r)^3."
+    sph = _sphere(r=0.6)
+    t = ss.make_eval_points(ss.procedural_target("sph", sph, ss.oriented_surface(sph, 2000, np.random.default_rng(0))),
+                            20000, np.random.default_rng(1), ())
+    x, occ = t.pts["uniform"]
+    cells = ss.make_cells(s, 0.125)
+    code = ss.SplitCode(cells, torch.full((len(cells.centers),), 2), torch.zeros(len(cells.centers), 2, 2), torch.zeros(len(cells.centers), 2, 3))
+
+    def oracle(r):  # per-cell logits from the cell's own canonical coordinates, mapped back to world
+        return lambda model, code, xx, c, empty_logit=8.0: -100 * (code.cells.uncanon(code.cells.canon(xx, c), c).norm(dim=-1) - r)
+    monkeypatch.setattr(ss, "cell_logits", oracle(0.6))
+    assert ss.iou((ss.split_decode(None, code, torch.as_tensor(x)) > 0).numpy(), occ) == 1.0
+    monkeypatch.setattr(ss, "cell_logits", oracle(0.5))
+    got = ss.iou((ss.split_decode(None, code, torch.as_tensor(x)) > 0).numpy(), occ)
+    assert abs(got - (0.5 / 0.6) ** 3) < 0.02
+
+
+def test_region_labels_agree_with_the_world_shape():
+    "Whole-domain regions: inputs map back onto the surface and labels are the world inside test; crops: labels agree with the input normals."
+    sph = _sphere(r=0.6)
+    P = ss.oriented_surface(sph, 3000, np.random.default_rng(0))
+    rng = np.random.default_rng(2)
+    inp, q, occ = ss.sample_region(sph, P, rng, p_crop=0.0, margin=0.125, N_in=256, Q_u=200, Q_s=200, sigma_s=0.02)
+    h = 1.25
+    assert float(sph.sdf(inp[:, :3] * h).abs().max()) < 2e-3
+    assert torch.equal(occ > 0.5, sph.sdf(q * h) < 0)
+    for _ in range(5):  # crops (unknown centre and scale): the near-surface labels follow the nearest input normal
+        inp, q, occ = ss.sample_region(sph, P, rng, p_crop=1.0, margin=0.125, N_in=256, Q_u=50, Q_s=400, sigma_s=0.02)
+        r = ss.side_accuracy(ss.SetTokenizer(d=16, heads=2, M=4, C=3).eval(), inp[None].float(), q[None].float(), occ[None].float(), 50)
+        assert r["rule"] >= 0.95, r
+
+
+def test_side_accuracy_matches_brute_force():
+    torch.manual_seed(0)
+    tk = ss.SetTokenizer(d=16, heads=2, M=4, C=3).eval()
+    inp = torch.cat([torch.rand(2, 40, 3) * 2 - 1, F.normalize(torch.randn(2, 40, 3), dim=-1)], -1)
+    q, occ = torch.rand(2, 30, 3) * 2 - 1, (torch.rand(2, 30) < 0.5).float()
+    r = ss.side_accuracy(tk, inp, q, occ, 10)
+    with torch.no_grad():
+        mu, _, an = tk.encode(inp)
+        pm = tk.decode(mu, an, q)[:, 10:] > 0
+    rule = []
+    for b in range(2):
+        for i in range(10, 30):
+            j = int(((inp[b, :, :3] - q[b, i]) ** 2).sum(-1).argmin())
+            rule.append(bool(((q[b, i] - inp[b, j, :3]) * inp[b, j, 3:]).sum() < 0) == bool(occ[b, i] > 0.5))
+    assert abs(r["rule"] - np.mean(rule)) < 1e-6
+    assert abs(r["model"] - float((pm == (occ[:, 10:] > 0.5)).float().mean())) < 1e-6
+    with pytest.raises(ParameterError, match="Q_u"):
+        ss.side_accuracy(tk, inp, q, occ, 30)
