@@ -80,7 +80,7 @@ class PhysicsVideoConfig:
 PRESETS = {
     "smoke": PhysicsVideoConfig(W=16, K=3, stride=4, n_train=6, n_test=1, pgds_steps=60, pgds_val_every=30,
                                 gen_steps=100, n_gifs=2),
-    "full": PhysicsVideoConfig(),
+    "full": PhysicsVideoConfig(W=32, pgds_steps=3000, pgds_hidden=64, gen_steps=1500, gen_ch=(24, 48, 48)),  # spec budget (Sec. 8)
 }
 
 # %% ../nbs/17_physics_video.ipynb #f511c99f
