@@ -169,6 +169,17 @@ def test_rollout_with_oracle_accelerations_reproduces_gt():
     assert pv.rollout_rmse([pv.ballistic(s) for s, _ in clips], clips, 12)["rmse"] > 1e-3   # the metric sees contacts
 
 
+def test_pgds_huber_loss_option():
+    clips = pv.make_clips(1, np_rng(0, "clips"), ("collide", "enter"))
+    m = pv.PGDS(16, 2, generator=rng(0, "pgds", "init"))
+    with pytest.raises(ParameterError, match="loss"):
+        pv.train_pgds(m, clips, steps=1, loss="l1", rng=np_rng(0, "pgds", "batches"))
+    before = pv.pgds_fixed_loss(m, clips) if m.set_stats(*pv.pgds_stats(clips)) is None else None
+    h, _ = pv.train_pgds(m, clips, steps=40, batch=2, loss="huber", huber_beta=0.5, rng=np_rng(0, "pgds", "batches"))
+    assert pv.pgds_fixed_loss(m, clips) < before
+    assert pv.PRESETS["full"].pgds_loss == "huber" and pv.PRESETS["full"].pgds_steps >= 3000
+
+
 # ---------------------------------------------------------------- U3 VIMF
 def _box(centre, v=(0, 0, 0)):
     return pv.make_scene([dict(kind="box", radius=0.08, centre=centre, velocity=v)])
