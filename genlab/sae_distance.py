@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import ParameterError, check_range, np_rng, param, rng, set_seed, stream_seed
+from .core import ParameterError, check_choice, check_range, np_rng, param, rng, set_seed, stream_seed
 from .parts import TopKSAE, topk_sae_quality, train_topk_sae
 from .train import History, fit
 
@@ -301,8 +301,7 @@ def feature_sae(X: torch.Tensor,  # (n, d) inputs, already centred and scaled
                 init: str = "random",  # decoder start: 'random' unit rows, or 'data': unit directions of random centred rows of X
                 ) -> tuple[TopKSAE, History]:
     "This notebook's SAE: genlab.parts' TopK SAE with ReLU, b_pre at the median, aux-k on min(m/2, 8k) latents dead for 100 steps at 1/8; (sae, History)."
-    if init not in ("random", "data"):
-        raise ParameterError(f"init must be 'random' or 'data'; got {init!r}")
+    check_choice("init", init, ("random", "data"))
     sae = TopKSAE(X.shape[1], n_latents, k, generator=rng(seed, *name, "init"), relu=True)
     if init == "data":  # every latent starts on the data: W_dec rows = unit (x - median), W_enc = W_dec^T
         with torch.no_grad():
