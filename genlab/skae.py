@@ -26,8 +26,8 @@ __all__ = ['SYSTEMS', 'MODELS', 'ABLATIONS', 'PRESETS', 'FAIL_MSE', 'SKAEConfig'
            'sample_windows', 'kae_losses', 'train_kae', 'converged', 'rollout', 'spectral_radius', 'forecast_mse',
            'iqm', 'choose_period', 'supports_abs', 'supports_top', 'support_keys', 'jaccard', 'support_families',
            'entropy_bits', 'cond_entropy_bits', 'depth_margin', 'deep_slice_mask', 'present_basins', 'canonical_masks',
-           'freeze_errors', 'freeze_ratio', 'routing_classes', 'routed_rollout', 'evaluate_kae', 'fam_all_states',
-           'evaluate_routing']
+           'freeze_errors', 'freeze_ratio', 'routing_classes', 'routed_rollout', 'routed_mass_dropped', 'evaluate_kae',
+           'fam_all_states', 'evaluate_routing']
 
 # %% ../nbs/31_skae.ipynb #14f6b723
 SYSTEMS = ("triple_well", "polygon_4", "polygon_6", "gated_linear", "lorenz")
@@ -83,6 +83,7 @@ class SKAEConfig:
     control_systems: tuple[str, ...] = param((), choices=SYSTEMS[:4], each=True, help="systems where the lambda_sp = 0 controls of the sparse models are trained")
     ablations: tuple[str, ...] = param((), choices=tuple(ABLATIONS), each=True, help="LISTA-KAE ablations (official-code choices, old slice)")
     ablation_seeds: int = param(1, lo=0, help="how many of the run's seeds also train the ablations")
+    probe_mult: int = param(0, lo=0, hi=10, help="Dense-KAE convergence probe: the first seed's Dense-KAE retrained at probe_mult x steps on every multibasin system (0: no probe)")
 
     def validate(self):
         "Cross-field checks, before anything runs (each field's own domain is declared with `param`)."
@@ -100,10 +101,10 @@ class SKAEConfig:
 
 
 PRESETS = {
-    "smoke": SKAEConfig(label_steps=1000),
+    "smoke": SKAEConfig(label_steps=1000, probe_mult=2),
     "full": SKAEConfig(systems=("triple_well", "polygon_4", "gated_linear"), forecast_systems=("lorenz",),
-                       models=("dense", "sparse_mlp", "lista"), n_seeds=3, steps=2000, n_train=1500, n_fit=300,
-                       n_test=300, horizons=(100, 500, 1000), reencode=(10, 25, 50, 100), n_eval_states=20000,
+                       models=("dense", "sparse_mlp", "lista"), n_seeds=5, steps=2000, probe_mult=3, n_train=1500,
+                       n_fit=300, n_test=300, horizons=(100, 500, 1000), reencode=(10, 25, 50, 100), n_eval_states=20000,
                        control_systems=("polygon_4", "triple_well"), ablations=tuple(ABLATIONS), ablation_seeds=1,
                        forecast_steps=1000),
 }
@@ -638,6 +639,21 @@ def routed_rollout(model: KAE, x0: torch.Tensor, h: int, classes: dict, *, rando
             z = model.encode(torch.nan_to_num(x, nan=FAIL_MSE, posinf=FAIL_MSE, neginf=-FAIL_MSE))
     return torch.stack(out, 1), routed / (h * len(x0))
 
+
+@torch.no_grad()
+def routed_mass_dropped(model: KAE, states: torch.Tensor, classes: dict, k: int = 8) -> float:
+    "Mean share of the centred code's squared norm ||z - zbar_c||^2 that the mask m_c of step (13) removes, over the routed states."
+    z = model.encode(states)
+    index = {c: i for i, c in enumerate(classes)}
+    ids = torch.tensor([index.get(kk, -1) for kk in support_keys(supports_top(z, k))], dtype=torch.long)
+    hit = ids >= 0
+    if not classes or not hit.any():
+        return float("nan")
+    zbar = torch.stack([classes[c][0] for c in classes])[ids[hit]]
+    mask = torch.stack([classes[c][1] for c in classes])[ids[hit]]
+    d2 = (z[hit] - zbar) ** 2
+    return float((((1 - mask) * d2).sum(1) / d2.sum(1).clamp_min(1e-30)).mean())
+
 # %% ../nbs/31_skae.ipynb #5918daa3
 def _sample_states(data: SystemData, cfg: SKAEConfig, generator: torch.Generator):
     "Held-out (trajectory, time) indices with a state 20 steps ahead."
@@ -742,7 +758,9 @@ def evaluate_routing(model: KAE, data: SystemData, period: int, h: int, generato
     pr, frac = routed_rollout(model, data.test[:, 0], h, classes, reencode=period, k=k)
     prr, _ = routed_rollout(model, data.test[:, 0], h, classes, random_route=True, generator=generator, reencode=period, k=k)
     e_r, e_rr = forecast_mse(pr, data.test, h), forecast_mse(prr, data.test, h)
+    dropped = routed_mass_dropped(model, fit_states, classes, k=k)
     lr = lambda a, b: float(np.log10(max((a / b.clamp_min(1e-30)).median().item(), 1e-30)))
     return {"classes": len(classes), "routed_frac": frac, "log_ratio_gated": lr(e_r, glob), "log_ratio_random": lr(e_rr, glob),
             "iqm_global": iqm(glob), "iqm_gated": iqm(e_r), "iqm_random": iqm(e_rr),
-            "fail_global": int((glob >= FAIL_MSE).sum()), "fail_gated": int((e_r >= FAIL_MSE).sum()), "period": period, "k": k}
+            "fail_global": int((glob >= FAIL_MSE).sum()), "fail_gated": int((e_r >= FAIL_MSE).sum()), "period": period, "k": k,
+            "dropped_frac": dropped}

@@ -300,6 +300,38 @@ def test_routed_rollout_with_reencode_and_no_classes_is_the_global_rollout():
     assert frac == 0 and torch.allclose(pred, S.rollout(m, x0, 12, reencode=5))
 
 
+def test_full_mask_zero_centre_routing_is_the_global_rollout_and_drops_nothing():
+    # step (13) with zbar_c = 0 and m_c = 1 is the global step K z; every state is routed (min_count = 1)
+    m = S.KAE("lista", 2, 16, 16, gen())
+    X = torch.randn(60, 2, generator=gen(2))
+    cl = S.routing_classes(m, X, min_count=1, k=4)
+    flat = {key: (torch.zeros(16), torch.ones(16), c) for key, (_, _, c) in cl.items()}
+    pred, frac = S.routed_rollout(m, X[:10], 8, flat, k=4, reencode=3)
+    assert frac > 0 and torch.allclose(pred, S.rollout(m, X[:10], 8, reencode=3), atol=1e-6)
+    assert S.routed_mass_dropped(m, X, flat, k=4) == 0
+
+
+def test_routed_mass_dropped_by_hand():
+    # brute force: for each routed state, ||(1 - m_c)(z - zbar_c)||^2 / ||z - zbar_c||^2, averaged
+    m = S.KAE("sparse_mlp", 2, 12, 16, gen(3))
+    X = torch.randn(80, 2, generator=gen(4))
+    cl = S.routing_classes(m, X, min_count=5, k=3)
+    assert cl, "no class with >= 5 members"
+    with torch.no_grad():
+        z = m.encode(X)
+    keys = S.support_keys(S.supports_top(z, 3))
+    want = []
+    for zi, key in zip(z.double().numpy(), keys):
+        if key in cl:
+            zbar, mask, _ = cl[key]
+            d = zi - zbar.double().numpy()
+            want.append(float(((1 - mask.double().numpy()) * d * d).sum() / (d * d).sum()))
+    assert S.routed_mass_dropped(m, X, cl, k=3) == pytest.approx(np.mean(want), rel=1e-5)
+    empty = {key: (c0, torch.zeros(12), c) for key, (c0, _, c) in cl.items()}
+    assert S.routed_mass_dropped(m, X, empty, k=3) == pytest.approx(1.0)
+    assert np.isnan(S.routed_mass_dropped(m, X, {}, k=3))
+
+
 # --- systems and data -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,steps,x0", [
