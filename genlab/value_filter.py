@@ -70,7 +70,7 @@ class ValueFilterConfig:
     bon_ns: tuple[int, ...] = param((2, 4, 8), lo=1, each=True, help="World B: candidates N of the best-of-N baseline")
     # SmolLM2-135M-Instruct
     smollm2: bool = param(True, help="run the SmolLM2-135M-Instruct section (S1) when the section is 'all'")
-    smol_seeds: int = param(3, lo=1, help="SmolLM2: seeds in this run (each re-draws the prompt split, rollouts, head and test noise)")
+    smol_seeds: int = param(5, lo=1, help="SmolLM2: seeds in this run (each re-draws the prompt split, rollouts, head and test noise)")
     scorer: str = param("lexicon", choices=SCORERS, help="SmolLM2 judge of the proxy concept: animal word list, or MiniLM phrase classifier")
     smol_layer: int = param(20, lo=0, hi=29, help="SmolLM2 block the value head reads")
     smol_new_tokens: int = param(12, lo=2, help="SmolLM2: tokens per response (the spec's 16 cut to 12 for the time budget)")
@@ -81,10 +81,13 @@ class ValueFilterConfig:
     smol_mc_conts: int = param(6, lo=1, help="SmolLM2: base continuations per Monte-Carlo prefix")
     smol_batch: int = param(32, lo=1, help="SmolLM2: decoding batch")
     smol_temperature: float = param(0.8, lo=0, lo_open=True, help="SmolLM2: sampling temperature of the base policy")
-    smol_head_steps: int = param(400, lo=1, help="SmolLM2: value-head training steps")
-    smol_head_lr: float = param(3e-3, lo=0, lo_open=True, help="SmolLM2: value-head learning rate")
+    smol_head_steps: int = param(50, lo=1, help="SmolLM2: value-head training steps (longer runs overfit the training prompts: held-out BCE rose above the constant predictor's at 400 steps)")
+    smol_head_lr: float = param(1e-3, lo=0, lo_open=True, help="SmolLM2: value-head learning rate")
+    smol_head_rank: int = param(2, lo=1, help="SmolLM2: rank r of the value head's token interaction (rank 8 overfit the training prompts)")
+    smol_cd_seeds: int = param(3, lo=0, help="SmolLM2: the first seeds on which CD is matched to VF's concept rate at tau=0.5 (claim T1)")
+    smol_cd_decodes: int = param(3, lo=1, help="SmolLM2: CD decodes of the test prompts per seed for the lambda bisection (T1)")
     smol_head_wd: float = param(1e-2, lo=0, help="SmolLM2: value-head weight decay")
-    smol_taus: tuple[float, ...] = param((0.5, 0.7), lo=0, hi=1, lo_open=True, each=True, help="SmolLM2: value-filter thresholds τ (must contain 0.5)")
+    smol_taus: tuple[float, ...] = param((0.5,), lo=0, hi=1, lo_open=True, each=True, help="SmolLM2: value-filter thresholds τ (must contain 0.5)")
 
     def validate(self):
         if 0.2 not in self.taus:
@@ -716,4 +719,5 @@ def make_judge(scorer: str, *, phrases=None, unsafe=None, words=None, embed=None
     if scorer == "lexicon":
         return LexiconJudge(words)
     return PhraseJudge(embed or load_minilm(), phrases, unsafe)
+
 
