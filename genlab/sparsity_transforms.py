@@ -21,7 +21,7 @@ __all__ = ['TRANSFORMS', 'STRUCTURE_SEEKING', 'MLP_SITES', 'SMOLLM2_LAYERS', 'PR
            'SparsityTransformsConfig', 'wanda_mask', 'magnitude_mask', 'random_mask', 'structured_wanda_mask',
            'zero_of', 'structure', 'haar_orthogonal', 'block_hadamard', 'cayley_rotation', 'greedy_24_columns',
            'apply_transform', 'numerical_rank', 'jaccard_stats', 'spectrum_stats', 'surrogate_matrix', 'q41_roundtrip',
-           'degrid', 'distinct_per_block', 'analyse_matrix', 'block_excess', 'decomposition_excess',
+           'degrid', 'distinct_per_block', 'analyse_matrix', 'block_gains', 'block_excess', 'decomposition_excess',
            'calibration_stats', 'token_chunks', 'check_layers']
 
 # %% ../nbs/32_sparsity_transforms.ipynb #f8e0ae32
@@ -451,13 +451,19 @@ def analyse_matrix(W: torch.Tensor, xnorm: torch.Tensor, *, sparsity: float, tra
     return out
 
 
-def block_excess(res: dict) -> float:
-    "C1c statistic of one matrix: max over structure-seeking permutations and measures (tiles b = 4, 8, 16; 2:4) of gain - surrogate gain."
-    vals = [0.0]
+def block_gains(res: dict) -> dict:
+    "{(permutation, measure): gain on W_s - gain on the surrogate mask} for the structure-seeking permutations (tiles 4/8/16, 2:4)."
+    out = {}
     for t, sg in res["sur_gain"].items():
         r = res["T"][t]
-        vals += [r["blk_gain"][b] - sg["blk"][b] for b in (4, 8, 16)] + [r["n24_gain"] - sg["n24"]]
-    return max(vals)
+        out.update({(t, f"z_blk{b}"): r["blk_gain"][b] - sg["blk"][b] for b in (4, 8, 16)})
+        out[(t, "z_24")] = r["n24_gain"] - sg["n24"]
+    return out
+
+
+def block_excess(res: dict) -> float:
+    "C1c statistic of one matrix: the largest of `block_gains` (0 when no structure-seeking permutation ran)."
+    return max([0.0, *block_gains(res).values()])
 
 
 def decomposition_excess(res: dict) -> int:

@@ -9,7 +9,8 @@ import torch
 
 from genlab.core import ParameterError, resolve
 from genlab.lm import CharTokenizer, tinygpt_handle
-from genlab.sparsity_transforms import (PRESETS, TRANSFORMS, apply_transform, block_hadamard, calibration_stats,
+from genlab.sparsity_transforms import (PRESETS, TRANSFORMS, apply_transform, block_excess, block_gains, block_hadamard,
+                                        calibration_stats,
                                         cayley_rotation, check_layers, degrid, distinct_per_block, greedy_24_columns,
                                         haar_orthogonal, jaccard_stats, magnitude_mask, numerical_rank, q41_roundtrip,
                                         random_mask, spectrum_stats, structure, structured_wanda_mask, wanda_mask)
@@ -184,6 +185,34 @@ def test_independent_masks_have_jaccard_j0():
     for s in (0.3, 0.5):
         st = jaccard_stats((~random_mask(300, 400, s, g)).numpy(), s)
         assert abs(st["jbar"] - s / (2 - s)) < 0.005
+
+
+def test_nearest_neighbour_kappa_detects_planted_groups():
+    "C3b's statistic: closed form for independent rows (hypergeometric intersections), 1 for rows in identical groups."
+    from scipy.stats import hypergeom
+    m, n, k = 160, 96, 48
+    x = np.arange(k + 1)
+    F = hypergeom(n, k, k).cdf(x)
+    pmax = F ** (m - 1) - np.concatenate([[0.0], F[:-1]]) ** (m - 1)   # the largest of m - 1 iid intersections
+    expect = ((pmax * x / (2 * k - x)).sum() - 1 / 3) / (2 / 3)
+    g = torch.Generator().manual_seed(3)
+    got = np.mean([jaccard_stats((~random_mask(m, n, 0.5, g)).numpy(), 0.5)["kappa_nn"] for _ in range(4)])
+    assert abs(got - expect) < 0.01, (got, expect)
+    rng = np.random.default_rng(4)
+    P = np.zeros((m, n), bool)
+    for i in range(0, m, 8):
+        P[i:i + 8, rng.permutation(n)[:k]] = True
+    st = jaccard_stats(P, 0.5)
+    assert math.isclose(st["kappa_nn"], 1.0) and st["kappa_nn"] - expect >= 0.5   # the planted control is seen
+    assert abs(st["kappa"] - 7 / (m - 1)) < 0.01                                    # the mean-pairwise kappa is not
+
+
+def test_block_gains_are_gain_minus_surrogate():
+    res = {"sur_gain": {"perm_col_sort": {"blk": {4: 0.1, 8: 0.0, 16: 0.0}, "n24": 0.02}},
+           "T": {"perm_col_sort": {"blk_gain": {4: 0.3, 8: 0.05, 16: 0.0}, "n24_gain": 0.01}}}
+    g = block_gains(res)
+    assert math.isclose(g[("perm_col_sort", "z_blk4")], 0.2) and math.isclose(g[("perm_col_sort", "z_24")], -0.01)
+    assert math.isclose(block_excess(res), 0.2) and block_excess({"sur_gain": {}, "T": {}}) == 0.0
 
 
 def test_structured_controls():
