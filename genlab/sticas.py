@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from .core import ParameterError, check_choice, check_range, param
@@ -18,14 +19,15 @@ from .lm import gumbel_generate, gumbel_noise
 from .train import History, fit
 
 # %% auto #0
-__all__ = ['PRESETS', 'CONCEPTS', 'CONCEPT_NAMES', 'SMOL_SUBJECTS', 'SMOL_SETS', 'SMOL_JUDGES', 'SMOL_PROMPTS', 'StiCASConfig',
-           'grammar_vocab', 'slot_lengths', 'slot_start', 'judge_words', 'sample_concepts', 'render_document',
-           'grammar_valid', 'judge', 'GrammarTracker', 'qf', 'riemannian_grad', 'stiefel_step', 'lowdin', 'orth_error',
-           'ConceptSteer', 'random_steer', 'sw2_sq', 'random_directions', 'act_affine', 'init_frame', 'sw2_sq_batched',
-           'fit_affine', 'train_sticas', 'train_per_neuron', 'check_steer', 'steering', 'make_rank_check',
-           'grouped_steering', 'oi_act', 'composition_error', 'readout_leak', 'mean_tv', 'pad_batch', 'collect_acts',
-           'coupled_generate', 'decision_where', 'grouped_decision_mask', 'grouped_generate', 'select_setting',
-           'smol_prompt_sets', 'lexicon_judge']
+__all__ = ['PRESETS', 'EFFICACY_TARGET', 'CONCEPTS', 'CONCEPT_NAMES', 'SMOL_SUBJECTS', 'SMOL_SETS', 'SMOL_JUDGES', 'SMOL_PROMPTS',
+           'StiCASConfig', 'grammar_vocab', 'slot_lengths', 'slot_start', 'judge_words', 'sample_concepts',
+           'render_document', 'grammar_valid', 'judge', 'GrammarTracker', 'qf', 'riemannian_grad', 'stiefel_step',
+           'lowdin', 'orth_error', 'ConceptSteer', 'random_steer', 'sort_last', 'sw2_sq', 'random_directions',
+           'act_affine', 'init_frame', 'sw2_sq_batched', 'fit_affine', 'train_sticas', 'train_per_neuron',
+           'check_steer', 'steering', 'make_rank_check', 'grouped_steering', 'oi_act', 'composition_error',
+           'readout_leak', 'mean_tv', 'pad_batch', 'collect_acts', 'coupled_generate', 'decision_where',
+           'grouped_decision_mask', 'grouped_generate', 'select_setting', 'smol_prompt_sets', 'random_frame_control',
+           'lexicon_judge']
 
 # %% ../nbs/40_sticas.ipynb #2e0dc652
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class StiCASConfig:
     smol_prompts: int = param(12, lo=1, help="SmolLM2 generation prompts per condition")
     smol_gen_tokens: int = param(16, lo=1, help="tokens generated per SmolLM2 evaluation")
     smol_strength: float = param(1.0, lo=0, hi=1, help="lambda_k on SmolLM2")
+    smol_seeds: int = param(3, lo=1, help="replicates of the SmolLM2 section (the first of the run's replicate seeds)")
 
     def validate(self):
         check_range("n_concepts", self.n_concepts, 2, len(CONCEPTS))  # CONCEPTS is defined with the grammar below
@@ -92,8 +95,9 @@ PRESETS = {
     "smoke": StiCASConfig(n_seeds=1, n_concepts=3, n_train_docs=3000, d_model=48, n_layers=2, lm_steps=300,
                           n_prompts_per_set=320, max_acts=1024, sticas_steps=60, sticas_batch=512, n_dirs=64,
                           baseline_steps=30, n_gen_single=32, n_gen_pair=16, use_smollm2=False),
-    "full": StiCASConfig(select=True),
+    "full": StiCASConfig(select=True, n_seeds=7),
 }
+EFFICACY_TARGET = 0.7  # spec §9 A4: mean single-concept success at least this (TinyGPT calibration; SmolLM2 paper claim E1)
 
 # %% ../nbs/40_sticas.ipynb #d75c1c2a
 CONCEPTS = {  # name: (ON phrases, OFF phrases); slots appear in this order; all phrases of a slot have one length
@@ -330,12 +334,22 @@ def random_steer(d: int, ranks: Sequence[int], generator: torch.Generator, *, ki
     return ConceptSteer(names, blocks, a, c, kind)
 
 # %% ../nbs/40_sticas.ipynb #2633822f
+def sort_last(x: torch.Tensor) -> torch.Tensor:  # (..., n)
+    "torch.sort(x, -1).values with the same gradient, ordered by NumPy on CPU (several times faster than torch.sort there)."
+    if x.device.type != "cpu":
+        return torch.sort(x, -1).values
+    if not x.requires_grad:
+        return torch.from_numpy(np.sort(x.numpy(), -1))
+    idx = torch.from_numpy(np.argsort(x.detach().numpy(), -1))
+    return torch.gather(x, -1, idx)
+
+
 def sw2_sq(X: torch.Tensor, Y: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:  # (n, d), (n, d), (d, M)
     "Sliced W2²: mean over directions θ of the 1-D W2² between sorted projections (Eq. 6); equal n."
     if X.shape[0] != Y.shape[0]:
         raise ParameterError(f"sw2_sq needs equal sample counts, got {X.shape[0]} and {Y.shape[0]}")
-    px, _ = torch.sort(X @ theta, 0)
-    py, _ = torch.sort(Y @ theta, 0)
+    px = sort_last(theta.T @ X.T)
+    py = sort_last(theta.T @ Y.T)
     return ((px - py) ** 2).mean()
 
 
@@ -393,8 +407,8 @@ def _stack_rows(X: Sequence[torch.Tensor], n: int, generator: torch.Generator) -
 
 def sw2_sq_batched(X: torch.Tensor, Y: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:  # (K, n, d), (K, n, d), (K, d, M)
     "Sliced W2² of Eq. 6 for K pairs of sample sets at once: (K,) means over directions of sorted-projection W2²."
-    px, _ = torch.sort(X @ theta, -2)
-    py, _ = torch.sort(Y @ theta, -2)
+    px = sort_last(theta.transpose(-1, -2) @ X.transpose(-1, -2))   # (K, M, n): sort along the contiguous axis
+    py = sort_last(theta.transpose(-1, -2) @ Y.transpose(-1, -2))
     return ((px - py) ** 2).mean((-2, -1))
 
 
@@ -800,6 +814,13 @@ def smol_prompt_sets(name: str) -> tuple[list[str], list[str]]:
         raise ParameterError(f"unknown concept {name!r}; allowed: {', '.join(SMOL_SETS)}")
     on, off = SMOL_SETS[name]
     return [t.format(s=s) for t in on for s in SMOL_SUBJECTS], [t.format(s=s) for t in off for s in SMOL_SUBJECTS]
+
+
+def random_frame_control(steer: ConceptSteer, generator: torch.Generator) -> ConceptSteer:
+    "Negative control: the same fitted coefficients (a_k, c_k) in a random orthonormal frame, so no learned concept subspace."
+    U = qf(torch.randn(steer.d, sum(u.shape[1] for u in steer.U), generator=generator, dtype=torch.float64))
+    blocks = list(torch.split(U, [u.shape[1] for u in steer.U], 1))
+    return ConceptSteer(list(steer.names), blocks, list(steer.a), list(steer.c), "random_frame")
 
 
 def lexicon_judge(text: str, name: str) -> bool:

@@ -13,7 +13,7 @@ from genlab.sticas import (CONCEPT_NAMES, CONCEPTS, PRESETS, GrammarTracker, act
                            coupled_generate, gumbel_generate, gumbel_noise, grammar_valid, grammar_vocab,
                            grouped_generate, grouped_steering, judge, lowdin, make_rank_check, oi_act, orth_error, qf,
                            random_directions, random_steer, readout_leak, render_document, riemannian_grad,
-                           sample_concepts, select_setting, slot_start, steering, stiefel_step, sw2_sq, sw2_sq_batched,
+                           random_frame_control, sample_concepts, select_setting, slot_start, sort_last, steering, stiefel_step, sw2_sq, sw2_sq_batched,
                            train_per_neuron, train_sticas)
 
 
@@ -384,3 +384,28 @@ def test_selection_rule():
     assert not met and best is rows[2]  # no row meets both bounds: the most valid one
     with pytest.raises(ParameterError):
         select_setting([])
+
+
+def test_sort_last_matches_torch_sort_values_and_gradient():
+    x = torch.randn(4, 7, 33, generator=g(40), dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 7, 33, generator=g(41), dtype=torch.float64)
+    ga, = torch.autograd.grad((sort_last(x) * w).sum(), x)
+    gb, = torch.autograd.grad((torch.sort(x, -1).values * w).sum(), x)
+    assert torch.equal(sort_last(x).detach(), torch.sort(x.detach(), -1).values)
+    assert torch.allclose(ga, gb)
+    # batched SW2 equals the per-set SW2 (which sorts the other way round)
+    X, Y = torch.randn(3, 50, 8, generator=g(42), dtype=torch.float64), torch.randn(3, 50, 8, generator=g(43), dtype=torch.float64)
+    th = random_directions(8, 16, g(44))
+    ref = torch.stack([((torch.sort(X[k] @ th, 0).values - torch.sort(Y[k] @ th, 0).values) ** 2).mean() for k in range(3)])
+    assert torch.allclose(sw2_sq_batched(X, Y, th.expand(3, 8, 16)), ref)
+
+
+def test_random_frame_control_keeps_coefficients_and_moves_subspace():
+    s = random_steer(24, [2, 3], g(45))
+    c = random_frame_control(s, g(46))
+    assert orth_error(c.frame()) < 1e-10 and [u.shape for u in c.U] == [u.shape for u in s.U]
+    assert all(torch.equal(a, b) for a, b in zip(c.a + c.c, s.a + s.c))
+    # with shared coefficients only the frame differs: the updates differ, the composition stays exact
+    h = 5 * torch.randn(64, 24, generator=g(47), dtype=torch.float64)
+    assert not torch.allclose(c.single(h, "c0"), s.single(h, "c0"))
+    assert oi_act(c, h, "c0", "c1") < 1e-10
